@@ -1,0 +1,1 @@
+"""Urgency and output-length predictors (transformers/torch)."""

@@ -1,0 +1,1 @@
+"""Serving layer: API, engine loop, backends, vLLM scheduler plugin, database, CLI."""

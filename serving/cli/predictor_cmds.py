@@ -1,0 +1,1 @@
+"""Commands registered on serving.cli.apps (filled in by its owner)."""

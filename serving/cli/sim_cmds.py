@@ -1,0 +1,1 @@
+"""Simulator and policy benchmark commands."""

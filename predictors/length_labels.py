@@ -1,0 +1,107 @@
+"""Output-length labels: run the served model over the corpus prompts and record how many
+tokens it answers with (the target of the length-bucket predictor).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels            # vLLM engine (default)
+    HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels --backend transformers
+
+Each corpus message is sent as the single user turn of the model's chat template, greedy
+decoding (temperature 0), `max_tokens` 512. Output: `data/triage/length_labels.jsonl`,
+one `{"id", "prompt_tokens", "output_tokens", "finish_reason"}` per corpus row. The run is
+resumable (it appends chunk by chunk and skips ids already written).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from predictors.corpus import corpus_path, load_corpus
+from triage.paths import state_dir
+
+DEFAULT_OUT = corpus_path().parent / "length_labels.jsonl"
+MAX_TOKENS = 512
+
+
+def _done_ids(out: Path) -> set[str]:
+    if not out.exists():
+        return set()
+    return {json.loads(line)["id"] for line in out.read_text(encoding="utf-8").splitlines() if line.strip()}
+
+
+def _prompts(tokenizer, texts: list[str]) -> list[str]:
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True) for t in texts]
+
+
+def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int) -> None:
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=1024, seed=0, max_num_seqs=128)
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
+    t0 = time.time()
+    for i in range(0, len(rows), chunk):
+        part = rows[i : i + chunk]
+        outs = llm.generate(_prompts(tok, [r["text"] for r in part]), params, use_tqdm=False)
+        with out.open("a", encoding="utf-8") as f:
+            for r, o in zip(part, outs):
+                c = o.outputs[0]
+                f.write(json.dumps({"id": r["id"], "prompt_tokens": len(o.prompt_token_ids), "output_tokens": len(c.token_ids),
+                                    "finish_reason": c.finish_reason}) + "\n")
+        print(f"{i + len(part)}/{len(rows)} done, {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+
+
+def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for i in range(0, len(rows), chunk):
+        part = rows[i : i + chunk]
+        enc = tok(_prompts(tok, [r["text"] for r in part]), return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        new = gen[:, enc["input_ids"].shape[1]:]
+        with out.open("a", encoding="utf-8") as f:
+            for r, ids, mask in zip(part, new, enc["attention_mask"]):
+                ids = ids.tolist()
+                n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+                f.write(json.dumps({"id": r["id"], "prompt_tokens": int(mask.sum()), "output_tokens": n,
+                                    "finish_reason": "stop" if n < len(ids) or tok.eos_token_id in ids else "length"}) + "\n")
+        print(f"{i + len(part)}/{len(rows)} done", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--model-dir", type=Path, default=state_dir() / "models" / "SmolLM2-135M-Instruct",
+                    help="HF directory of the served model (serving.model_prep.default_model_dir())")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N corpus rows (0 = all)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model_dir = args.model_dir
+    if not (model_dir / "config.json").exists():
+        sys.exit(f"served model not found at {model_dir}: run `triage models prepare` (scripts/setup.sh) first")
+    rows = load_corpus()
+    if args.limit:
+        rows = rows[: args.limit]
+    done = _done_ids(args.out)
+    todo = [r for r in rows if r["id"] not in done]
+    print(f"{len(todo)} prompts to run ({len(done)} already in {args.out})", file=sys.stderr)
+    if todo:
+        (run_vllm if args.backend == "vllm" else run_transformers)(model_dir, todo, args.out, args.chunk, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

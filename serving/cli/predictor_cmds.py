@@ -1,1 +1,213 @@
-"""Commands registered on serving.cli.apps (filled in by its owner)."""
+"""Predictor commands: `triage train urgency|length|all`, `triage evaluate urgency|length`,
+`triage classify`, `triage bench classify`.
+
+torch / transformers are imported inside the functions so `triage --help` stays fast.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import app, bench_app, evaluate_app, train_app
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the encoder is local; never reach the hub at run time
+
+
+def _progress_fn(progress):
+    tasks: dict[str, int] = {}
+
+    def cb(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done, total=total)
+
+    return cb
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True))
+
+
+def _config(epochs, lr, seed, threads, limit):
+    from predictors.train import TrainConfig
+
+    cfg = TrainConfig()
+    for k, v in dict(epochs=epochs, lr=lr, seed=seed, threads=threads, limit=limit).items():
+        if v is not None:
+            setattr(cfg, k, v)
+    return cfg
+
+
+def _train(kind: str, out: Optional[Path], cfg, encoder: Optional[str], edges: Optional[str]) -> dict:
+    from predictors import train as tr
+
+    typer.echo(f"training {kind} predictor ({cfg.epochs} epochs, {cfg.threads} threads)", err=True)
+    with _progress() as progress:
+        cb = _progress_fn(progress)
+        if kind == "urgency":
+            meta = tr.train_urgency(out, cfg, encoder, progress=cb)
+        else:
+            e = [int(x) for x in edges.split(",")] if edges else tr.DEFAULT_LENGTH_EDGES
+            meta = tr.train_length(out, cfg, encoder, edges=e, progress=cb)
+    test = meta.metrics["test"]
+    summary = {"kind": kind, "train_seconds": meta.train_info["train_seconds"], "test_accuracy": round(test["accuracy"], 4)}
+    if kind == "urgency":
+        summary.update(escalate_below=meta.escalate_below, temperature=round(meta.temperature, 4),
+                       test_level1_recall=test["level1_recall"], test_under_triage_1_2=test["under_triage_1_2"])
+    else:
+        summary.update(bucket_edges=meta.bucket_edges, test_within_one_bucket=round(test["within_one_bucket"], 4))
+    typer.echo(json.dumps(summary))
+    return summary
+
+
+Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 4)")]
+Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4)")]
+Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]
+Threads = Annotated[Optional[int], typer.Option(help="torch threads (default 2)")]
+Limit = Annotated[Optional[int], typer.Option(help="train on the first N training rows only (0 = all)")]
+Out = Annotated[Optional[Path], typer.Option(help="model directory (default .triage/predictors/<kind>)")]
+Encoder = Annotated[Optional[str], typer.Option(help="encoder directory (default: DistilBERT in the HF cache, else MiniLM-L6 from PyPI)")]
+
+
+@train_app.command("urgency")
+def train_urgency(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Seed = None, threads: Threads = None,
+                  limit: Limit = None, encoder: Encoder = None) -> None:
+    """Fine-tune the ESI urgency classifier on data/triage/corpus.jsonl."""
+    _train("urgency", out, _config(epochs, lr, seed, threads, limit), encoder, None)
+
+
+@train_app.command("length")
+def train_length(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Seed = None, threads: Threads = None,
+                 limit: Limit = None, encoder: Encoder = None,
+                 edges: Annotated[Optional[str], typer.Option(help="bucket edges in tokens, e.g. 64,128,256,512 (5 buckets)")] = None) -> None:
+    """Fine-tune the output-length bucket classifier on the served model's recorded output lengths."""
+    _train("length", out, _config(epochs, lr, seed, threads, limit), encoder, edges)
+
+
+@train_app.command("all")
+def train_all(if_missing: Annotated[bool, typer.Option("--if-missing", help="skip predictors that are already trained")] = False,
+              epochs: Epochs = None, threads: Threads = None, encoder: Encoder = None) -> None:
+    """Train both predictors (the setup script calls this with --if-missing)."""
+    from predictors.model import META_FILE, default_model_dir
+
+    for kind in ("urgency", "length"):
+        if if_missing and (default_model_dir(kind) / META_FILE).exists():
+            typer.echo(f"{kind} predictor present at {default_model_dir(kind)}; skipping", err=True)
+            continue
+        _train(kind, None, _config(epochs, None, None, threads, None), encoder, None)
+
+
+def _load_predictor(threads: int, escalate_below: Optional[float] = None, no_vitals: bool = False, quantize: bool = False):
+    from predictors.model import ModelMissing
+    from predictors.service import Predictor
+
+    try:
+        return Predictor(threads=threads, quantize=quantize, use_vitals=not no_vitals,
+                         escalate_below="trained" if escalate_below is None else (None if escalate_below >= 1 else escalate_below))
+    except ModelMissing as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+@evaluate_app.command("urgency")
+def evaluate_urgency(
+    dataset: Annotated[str, typer.Option(help="ktas | semigran | corpus-test")] = "corpus-test",
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads")] = 2,
+    escalate_below: Annotated[Optional[float], typer.Option(help="override the trained threshold (>=1 disables escalation)")] = None,
+    no_vitals: Annotated[bool, typer.Option("--no-vitals", help="switch off the ESI vital-sign floors (ablation)")] = False,
+) -> None:
+    """Evaluate the urgency predictor (accuracy, macro-F1, under-triage of levels 1-2, level-1 recall, confusion)."""
+    from predictors.evaluate import DATASETS, evaluate_urgency as run
+
+    if dataset not in DATASETS:
+        raise typer.BadParameter(f"dataset must be one of {DATASETS}")
+    pred = _load_predictor(threads, escalate_below, no_vitals)
+    rep = run(dataset, pred.levels)
+    rep["dataset"] = dataset
+    if as_json:
+        typer.echo(json.dumps(rep))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"urgency on {dataset}")
+    t.add_column("metric")
+    t.add_column("value")
+    for k in ("n", "accuracy", "macro_f1", "under_triage_1_2", "critical_to_3plus", "level1_recall", "over_triage"):
+        if k in rep:
+            v = rep[k]
+            t.add_row(k, "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
+    Console().print(t)
+    typer.echo("confusion (rows gold, cols predicted 1-5): " + json.dumps(rep["confusion"]))
+
+
+@evaluate_app.command("length")
+def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
+                    threads: Annotated[int, typer.Option()] = 2) -> None:
+    """Length-bucket accuracy and within-one-bucket accuracy on the corpus test split."""
+    import numpy as np
+
+    from predictors.corpus import load_corpus, load_length_labels
+    from predictors.metrics import bucket_report
+    from predictors.model import Classifier, default_model_dir
+    from predictors.train import length_targets
+
+    clf = Classifier(default_model_dir("length"), threads=threads)
+    rows, gold = length_targets(load_corpus("test"), load_length_labels(), clf.meta.bucket_edges)
+    pred = clf.probs([r["text"] for r in rows]).argmax(1)
+    rep = bucket_report(gold, list(pred), len(clf.meta.labels))
+    rep["bucket_edges"] = clf.meta.bucket_edges
+    rep["majority_baseline_accuracy"] = float(np.mean(np.asarray(gold) == np.bincount(gold).argmax())) if gold else None
+    typer.echo(json.dumps(rep) if as_json else json.dumps(rep, indent=2))
+
+
+@app.command("classify")
+def classify(
+    text: Annotated[Optional[str], typer.Argument(help="the request text")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="one text per line; one JSON object per line out")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads")] = 2,
+    verbose: Annotated[bool, typer.Option("--verbose", help="also print predicted_level, length estimate and reasons")] = False,
+) -> None:
+    """Classify text: prints {"level", "probs", "length_bucket"} as JSON."""
+    if (text is None) == (file is None):
+        raise typer.BadParameter("give either TEXT or --file PATH")
+    texts = [text] if text is not None else file.read_text(encoding="utf-8").splitlines()
+    pred = _load_predictor(threads)
+    for i in range(0, len(texts), 64):
+        for p in pred.predict(texts[i : i + 64]):
+            obj = p.to_json()
+            if not verbose:
+                obj = {k: obj[k] for k in ("level", "probs", "length_bucket")}
+            sys.stdout.write(json.dumps(obj) + "\n")
+
+
+@bench_app.command("classify")
+def bench_classify(
+    rate: Annotated[float, typer.Option(help="offered load, requests per second (Poisson arrivals)")] = 50.0,
+    seconds: Annotated[float, typer.Option(help="how long to offer load")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    strategy: Annotated[str, typer.Option(help="immediate | full")] = "immediate",
+    max_batch: Annotated[int, typer.Option(help="micro-batch size cap")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="full batching: longest wait for a batch to fill")] = 10.0,
+    threads: Annotated[int, typer.Option(help="torch threads")] = 2,
+    quantize: Annotated[bool, typer.Option("--quantize/--no-quantize", help="int8 dynamic quantisation of the linear layers")] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Per-request classification latency at an offered rate, micro-batching on."""
+    import asyncio
+
+    from predictors.bench import run_bench
+
+    res = asyncio.run(run_bench(rate=rate, seconds=seconds, strategy=strategy, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                threads=threads, quantize=quantize, seed=seed))
+    typer.echo(json.dumps(res) if as_json else json.dumps(res, indent=2))

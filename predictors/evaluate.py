@@ -1,0 +1,122 @@
+"""Evaluate the urgency predictor on the corpus test split and on the real evaluation sets.
+
+KTAS (Moon et al. 2019, 1,267 Korean ED visits, expert gold KTAS 1-5) and the Semigran
+vignettes (45, em/ne/sc) are read in place from `triage.paths.shared_datasets_dir()`;
+they are evaluation data only: nothing here fits or tunes anything.
+
+KTAS text, built from the triage-time fields only (never the diagnosis or disposition):
+    "<chief complaint>, age <Age>, SBP <SBP> DBP <DBP> HR <HR> RR <RR> BT <BT> SpO2 <Sat>,
+     NRS <NRS_pain>, mental: <alert|verbal|pain|unresponsive>"
+Missing fields (blank, `??`, `#BOÞ!`) are left out; NRS is given when Pain = 1 (the ESI
+"severe pain/distress" input, recorded at triage). KTAS and ESI are both five-level
+triage scales with level 1 most urgent; levels are compared one to one.
+
+Semigran mapping (three classes to the five ESI levels): em (emergent care) = level <= 2,
+ne (non-emergent care reasonable) = levels 3-4, sc (self-care reasonable) = level 5.
+A prediction is correct when it falls in the gold range; the confusion matrix has rows
+em/ne/sc and columns predicted levels 1-5; macro-F1 is over the three classes;
+under_triage_1_2 is the share of em vignettes predicted 3-5; level1_recall is null.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+from predictors.corpus import load_corpus
+from predictors.metrics import macro_f1, urgency_report
+from triage.paths import shared_datasets_dir
+
+DATASETS = ("ktas", "semigran", "corpus-test")
+KTAS_FILE = "ktas_triage_korea_ed.csv.gz"
+SEMIGRAN_FILE = "semigran2015_triage_vignettes.csv.gz"
+_MENTAL = {"1": "alert", "2": "verbal", "3": "pain", "4": "unresponsive"}
+SEMIGRAN_RANGES = {"em": (1, 2), "ne": (3, 4), "sc": (5, 5)}
+
+
+def _num(v: str) -> str | None:
+    v = (v or "").strip()
+    try:
+        float(v)
+    except ValueError:
+        return None
+    return v
+
+
+def ktas_text(row: dict) -> str:
+    """The triage-time text for one KTAS record (see module docstring)."""
+    cc = (row.get("Chief_complain") or "").strip()
+    parts = [cc if set(cc) - set("? ") else "chief complaint not recorded"]
+    if _num(row.get("Age", "")):
+        parts.append(f"age {row['Age'].strip()}")
+    vit = []
+    for col, name in (("SBP", "SBP"), ("DBP", "DBP"), ("HR", "HR"), ("RR", "RR"), ("BT", "BT"), ("Saturation", "SpO2")):
+        v = _num(row.get(col, ""))
+        if v is not None:
+            vit.append(f"{name} {v}")
+    if vit:
+        parts.append(" ".join(vit))
+    if (row.get("Pain") or "").strip() == "1" and _num(row.get("NRS_pain", "")):
+        parts.append(f"NRS {row['NRS_pain'].strip()}")
+    mental = _MENTAL.get((row.get("Mental") or "").strip())
+    if mental:
+        parts.append(f"mental: {mental}")
+    return ", ".join(parts)
+
+
+def _read_gz_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (shared datasets are read in place; set TRIAGE_DATASETS)")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def load_ktas() -> tuple[list[str], list[int], list[int | None]]:
+    """(texts, expert gold levels, triage-nurse levels) for all records."""
+    rows = _read_gz_csv(shared_datasets_dir() / KTAS_FILE)
+    nurse = [int(r["KTAS_RN"]) if _num(r.get("KTAS_RN", "")) else None for r in rows]
+    return [ktas_text(r) for r in rows], [int(r["KTAS_expert"]) for r in rows], nurse
+
+
+def load_semigran() -> tuple[list[str], list[str]]:
+    rows = _read_gz_csv(shared_datasets_dir() / SEMIGRAN_FILE)
+    return [r["case_description"] for r in rows], [r["urgency_level"] for r in rows]
+
+
+def semigran_report(gold: list[str], pred: list[int]) -> dict:
+    pred_a = np.asarray(pred, dtype=int)
+    ok = np.array([SEMIGRAN_RANGES[g][0] <= p <= SEMIGRAN_RANGES[g][1] for g, p in zip(gold, pred_a)])
+    to_cls = lambda p: "em" if p <= 2 else "ne" if p <= 4 else "sc"  # noqa: E731
+    em = np.array([g == "em" for g in gold])
+    conf = [[int(((np.asarray(gold) == g) & (pred_a == lv)).sum()) for lv in range(1, 6)] for g in ("em", "ne", "sc")]
+    return {
+        "n": len(gold),
+        "accuracy": float(ok.mean()) if len(gold) else None,
+        "macro_f1": macro_f1(gold, [to_cls(p) for p in pred_a], ["em", "ne", "sc"]),
+        "under_triage_1_2": float((em & (pred_a >= 3)).sum() / em.sum()) if em.any() else None,
+        "level1_recall": None,
+        "confusion": conf,
+        "confusion_rows": ["em", "ne", "sc"],
+        "over_triage": float(np.mean([p < SEMIGRAN_RANGES[g][0] for g, p in zip(gold, pred_a)])) if len(gold) else None,
+        "mapping": {"em": "level<=2", "ne": "levels 3-4", "sc": "level 5"},
+    }
+
+
+def evaluate_urgency(dataset: str, predict_levels) -> dict:
+    """`predict_levels(texts) -> list[int]` (effective levels). Returns the report dict."""
+    if dataset == "ktas":
+        texts, gold, nurse = load_ktas()
+        rep = urgency_report(gold, predict_levels(texts))
+        ok = [i for i, n in enumerate(nurse) if n is not None]
+        ref = urgency_report([gold[i] for i in ok], [nurse[i] for i in ok])
+        rep["reference_triage_nurse"] = {k: ref[k] for k in ("n", "accuracy", "macro_f1", "under_triage_1_2", "critical_to_3plus", "over_triage")}
+        return rep
+    if dataset == "semigran":
+        texts, gold = load_semigran()
+        return semigran_report(gold, predict_levels(texts))
+    if dataset == "corpus-test":
+        rows = load_corpus("test")
+        return urgency_report([r["level"] for r in rows], predict_levels([r["text"] for r in rows]))
+    raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")

@@ -1,0 +1,238 @@
+"""The predictor service: urgency + output-length prediction for async code.
+
+    service = PredictorService(strategy="immediate", threads=2)
+    await service.start()                       # loads both models (raises ModelMissing if untrained)
+    p = await service.classify("abd pain, SBP 85")  # Prediction(level=2, predicted_level=3, ...)
+    await service.close()
+
+Inference never runs on the event loop: one worker thread owns the models and takes
+requests off a queue in micro-batches, with the two strategies of seed 004 (Sec. 4.1,
+"Scheduling Strategies for Predictors"):
+
+* "immediate": the worker runs as soon as a request is waiting, on everything queued at
+  that moment (up to `max_batch`); no request waits for others.
+* "full": the worker waits until `max_batch` requests are queued or the oldest has waited
+  `max_wait_ms`, then runs them together (fewer, larger batches).
+
+Texts are never logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from predictors.model import Classifier, default_model_dir
+from predictors.urgency import decide
+
+log = logging.getLogger(__name__)
+STRATEGIES = ("immediate", "full")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    level: int  # effective ESI level (1 most urgent) after escalate_below and the ESI vital-sign floors
+    predicted_level: int  # the urgency classifier's own most probable level, before escalation
+    probs: tuple[float, ...]  # calibrated P(level 1..5)
+    length_bucket: int  # index into the length buckets (0 = shortest)
+    length_tokens_estimate: int  # median output tokens of the served model for that bucket
+    reasons: tuple[str, ...] = ()  # why level differs from predicted_level (empty when it does not)
+
+    def to_json(self) -> dict:
+        return {"level": self.level, "predicted_level": self.predicted_level, "probs": [round(p, 4) for p in self.probs],
+                "length_bucket": self.length_bucket, "length_tokens_estimate": self.length_tokens_estimate,
+                "reasons": list(self.reasons)}
+
+
+class Predictor:
+    """Synchronous batch prediction with both trained models (use from one thread)."""
+
+    def __init__(self, urgency_dir: str | Path | None = None, length_dir: str | Path | None = None, threads: int | None = 2,
+                 quantize: bool = False, escalate_below: float | None | str = "trained", use_vitals: bool = True):
+        self.urgency = Classifier(urgency_dir or default_model_dir("urgency"), threads=threads, quantize=quantize)
+        self.length = Classifier(length_dir or default_model_dir("length"), threads=threads, quantize=quantize)
+        self.escalate_below = self.urgency.meta.escalate_below if escalate_below == "trained" else escalate_below
+        self.use_vitals = use_vitals
+
+    @property
+    def bucket_edges(self) -> list[int]:
+        return list(self.length.meta.bucket_edges)
+
+    def predict(self, texts: list[str]) -> list[Prediction]:
+        if not texts:
+            return []
+        up = self.urgency.probs(texts)
+        lp = self.length.probs(texts)
+        out = []
+        tokens = self.length.meta.bucket_tokens
+        for text, p, q in zip(texts, up, lp):
+            d = decide(p, text, self.escalate_below, self.use_vitals)
+            b = int(np.argmax(q))
+            out.append(Prediction(d.level, d.predicted_level, tuple(float(x) for x in p), b, int(tokens[b]), d.reasons))
+        return out
+
+    def levels(self, texts: list[str]) -> list[int]:
+        return [p.level for p in self.predict(texts)]
+
+
+@dataclass
+class _Item:
+    text: str
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float
+
+
+@dataclass
+class ServiceStats:
+    batches: int = 0
+    requests: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+_STOP = object()
+
+
+class PredictorService:
+    """Micro-batching front of a `Predictor`, safe to call from any number of coroutines."""
+
+    def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
+                 max_wait_ms: float = 10.0, threads: int = 2, quantize: bool = False,
+                 urgency_dir: str | Path | None = None, length_dir: str | Path | None = None):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+        self.strategy, self.max_batch, self.max_wait_s = strategy, int(max_batch), float(max_wait_ms) / 1000.0
+        self._predictor = predictor
+        self._model_args = dict(urgency_dir=urgency_dir, length_dir=length_dir, threads=threads, quantize=quantize)
+        self._q: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.stats = ServiceStats()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> "PredictorService":
+        """Start the worker thread and load the models there (awaits until they are ready)."""
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name="triage-predictor", daemon=True)
+        self._thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
+        if self._error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._error
+        return self
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._q.put(_STOP)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    async def __aenter__(self) -> "PredictorService":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def predictor(self) -> Predictor:
+        if self._predictor is None:
+            raise RuntimeError("service not started")
+        return self._predictor
+
+    # -- requests --------------------------------------------------------------------------
+    async def classify(self, text: str) -> Prediction:
+        """Predict one request's level and length bucket (never blocks the event loop)."""
+        if self._thread is None:
+            raise RuntimeError("PredictorService.start() has not been awaited")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._q.put(_Item(text if isinstance(text, str) else str(text), fut, loop, time.perf_counter()))
+        return await fut
+
+    async def classify_many(self, texts: list[str]) -> list[Prediction]:
+        return list(await asyncio.gather(*(self.classify(t) for t in texts)))
+
+    # -- worker ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._predictor is None:
+                self._predictor = Predictor(**self._model_args)
+            self._predictor.predict(["warm-up"])  # first call pays one-off allocation costs
+        except BaseException as e:  # surfaced by start()
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        stop = False
+        while not stop:
+            first = self._q.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            if self.strategy == "immediate":
+                while len(batch) < self.max_batch:
+                    try:
+                        item = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+            else:
+                deadline = first.enqueued + self.max_wait_s
+                while len(batch) < self.max_batch:
+                    remaining = deadline - time.perf_counter()
+                    try:
+                        item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+            self._process(batch)
+        # fail whatever is still queued
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item.loop.call_soon_threadsafe(_set_exc, item.future, RuntimeError("predictor service closed"))
+
+    def _process(self, batch: list[_Item]) -> None:
+        self.stats.batches += 1
+        self.stats.requests += len(batch)
+        self.stats.batch_sizes.append(len(batch))
+        try:
+            preds = self.predictor.predict([b.text for b in batch])
+        except Exception as e:  # one bad batch must not kill the worker
+            log.exception("predictor batch of %d failed", len(batch))
+            for b in batch:
+                b.loop.call_soon_threadsafe(_set_exc, b.future, e)
+            return
+        for b, p in zip(batch, preds):
+            b.loop.call_soon_threadsafe(_set_result, b.future, p)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,213 @@
+"""Fine-tune the urgency and length-bucket classifiers on the project's corpus.
+
+Seeded and deterministic on CPU. Validation split: temperature scaling and (urgency) the
+`escalate_below` threshold. Test split: reported only. KTAS and Semigran are never read here.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from predictors.calibration import expected_calibration_error, fit_temperature
+from predictors.corpus import corpus_path, length_labels_path, load_corpus, load_length_labels
+from predictors.encoder import resolve_encoder
+from predictors.metrics import bucket_report, urgency_report
+from predictors.model import DEFAULT_LENGTH_EDGES, ClassifierMeta, bucket_of, default_model_dir, softmax
+from predictors.urgency import choose_escalate_below, decide_many
+
+# progress(phase, done, total): the CLI draws bars from it; phase in {"epoch <i>", "calibrate"}
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 4
+    lr: float = 1e-4
+    batch_size: int = 32
+    max_length: int = 128
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    seed: int = 0
+    threads: int = 2
+    limit: int = 0  # use only the first N training rows (tests); 0 = all
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _seed_all(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Path, cfg: TrainConfig,
+               progress: ProgressFn | None):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(cfg.threads)
+    _seed_all(cfg.seed)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is expected here
+    try:
+        tok = AutoTokenizer.from_pretrained(encoder)
+        model = AutoModelForSequenceClassification.from_pretrained(encoder, num_labels=n_classes)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(texts) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
+    gen = np.random.default_rng(cfg.seed)
+    y = torch.tensor(labels, dtype=torch.long)
+    for epoch in range(cfg.epochs):
+        order = gen.permutation(len(texts))
+        for s in range(steps_per_epoch):
+            idx = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
+            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+            loss = torch.nn.functional.cross_entropy(model(**enc).logits, y[idx])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            if progress:
+                progress(f"epoch {epoch + 1}/{cfg.epochs}", s + 1, steps_per_epoch)
+    model.eval()
+    return tok, model
+
+
+def _logits(tok, model, texts: list[str], max_length: int, batch_size: int = 64) -> np.ndarray:
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(texts), batch_size):
+            enc = tok(texts[i : i + batch_size], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            out.append(model(**enc).logits.float().numpy())
+    return np.concatenate(out) if out else np.zeros((0, model.config.num_labels))
+
+
+def _save(tok, model, meta: ClassifierMeta, out_dir: Path) -> Path:
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    meta.save(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def _split(rows, split, limit=0):
+    r = [x for x in rows if x["split"] == split]
+    return r[:limit] if limit else r
+
+
+def train_urgency(out_dir: Path | None = None, cfg: TrainConfig | None = None, encoder: str | None = None,
+                  progress: ProgressFn | None = None) -> ClassifierMeta:
+    cfg = cfg or TrainConfig()
+    out_dir = Path(out_dir or default_model_dir("urgency"))
+    enc_dir = resolve_encoder(encoder)
+    rows = load_corpus()
+    tr, va, te = _split(rows, "train", cfg.limit), _split(rows, "validation"), _split(rows, "test")
+    t0 = time.time()
+    tok, model = _fine_tune([r["text"] for r in tr], [r["level"] - 1 for r in tr], 5, enc_dir, cfg, progress)
+    train_s = time.time() - t0
+    if progress:
+        progress("calibrate", 0, 2)
+    va_texts, va_gold = [r["text"] for r in va], [r["level"] for r in va]
+    va_logits = _logits(tok, model, va_texts, cfg.max_length)
+    temperature = fit_temperature(va_logits, np.asarray(va_gold) - 1)
+    va_probs = softmax(va_logits, temperature)
+    threshold, table = choose_escalate_below(va_probs, va_texts, va_gold)
+    if progress:
+        progress("calibrate", 1, 2)
+    te_texts, te_gold = [r["text"] for r in te], [r["level"] for r in te]
+    te_logits = _logits(tok, model, te_texts, cfg.max_length)
+    te_probs = softmax(te_logits, temperature)
+    metrics = {
+        "validation": urgency_report(va_gold, [d.level for d in decide_many(va_probs, va_texts, threshold)]),
+        "validation_ece_before": expected_calibration_error(softmax(va_logits, 1.0), np.asarray(va_gold) - 1),
+        "validation_ece_after": expected_calibration_error(va_probs, np.asarray(va_gold) - 1),
+        "test": urgency_report(te_gold, [d.level for d in decide_many(te_probs, te_texts, threshold)]),
+        "test_model_only": urgency_report(te_gold, list(te_probs.argmax(1) + 1)),
+        "escalate_below_table": table,
+    }
+    if progress:
+        progress("calibrate", 2, 2)
+    meta = ClassifierMeta(kind="urgency", labels=[1, 2, 3, 4, 5], encoder=str(enc_dir), max_length=cfg.max_length,
+                          temperature=temperature, escalate_below=threshold,
+                          train_info={**cfg.__dict__, "n_train": len(tr), "train_seconds": round(train_s, 1),
+                                      "corpus_sha256_16": _sha(corpus_path())},
+                          metrics=metrics)
+    _save(tok, model, meta, out_dir)
+    return meta
+
+
+def length_targets(rows, labels: dict[str, int], edges) -> tuple[list[dict], list[int]]:
+    kept = [r for r in rows if r["id"] in labels]
+    return kept, [bucket_of(labels[r["id"]], edges) for r in kept]
+
+
+def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, encoder: str | None = None,
+                 edges=DEFAULT_LENGTH_EDGES, progress: ProgressFn | None = None) -> ClassifierMeta:
+    cfg = cfg or TrainConfig()
+    edges = [int(e) for e in edges]
+    if sorted(edges) != edges or len(set(edges)) != len(edges):
+        raise ValueError(f"bucket edges must be strictly increasing, got {edges}")
+    out_dir = Path(out_dir or default_model_dir("length"))
+    enc_dir = resolve_encoder(encoder)
+    labels = load_length_labels()
+    rows = load_corpus()
+    tr, ytr = length_targets(_split(rows, "train", cfg.limit), labels, edges)
+    va, yva = length_targets(_split(rows, "validation"), labels, edges)
+    te, yte = length_targets(_split(rows, "test"), labels, edges)
+    if len(tr) < 10 or len(va) < 5:
+        raise RuntimeError(f"too few length labels ({len(tr)} train, {len(va)} validation) in {length_labels_path()}")
+    n = len(edges) + 1
+    t0 = time.time()
+    tok, model = _fine_tune([r["text"] for r in tr], ytr, n, enc_dir, cfg, progress)
+    train_s = time.time() - t0
+    if progress:
+        progress("calibrate", 0, 1)
+    va_logits = _logits(tok, model, [r["text"] for r in va], cfg.max_length)
+    temperature = fit_temperature(va_logits, np.asarray(yva))
+    te_pred = _logits(tok, model, [r["text"] for r in te], cfg.max_length).argmax(1) if te else np.zeros(0, int)
+    tokens_tr = np.array([labels[r["id"]] for r in tr])
+    btr = np.array(ytr)
+    bucket_tokens = [int(np.median(tokens_tr[btr == b])) if (btr == b).any() else int((([0] + edges)[b] + (edges + [edges[-1] * 2])[b]) / 2)
+                     for b in range(n)]
+    majority = int(np.bincount(btr, minlength=n).argmax())
+    metrics = {
+        "validation": bucket_report(yva, list(va_logits.argmax(1)), n),
+        "test": bucket_report(yte, list(te_pred), n),
+        "test_majority_baseline": bucket_report(yte, [majority] * len(yte), n),
+        "train_bucket_counts": np.bincount(btr, minlength=n).tolist(),
+    }
+    if progress:
+        progress("calibrate", 1, 1)
+    meta = ClassifierMeta(kind="length", labels=list(range(n)), encoder=str(enc_dir), max_length=cfg.max_length,
+                          temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens,
+                          train_info={**cfg.__dict__, "n_train": len(tr), "train_seconds": round(train_s, 1),
+                                      "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path())},
+                          metrics=metrics)
+    _save(tok, model, meta, out_dir)
+    return meta

@@ -1,0 +1,148 @@
+"""Vital signs parsed from triage text, and the explicit ESI safety floors built on them.
+
+The learned classifier reads numbers poorly, so the urgency predictor combines it with
+the ESI v4 handbook's explicit rules (never thresholds fitted to any data set):
+
+* Decision point A (level 1): responds only to pain or unresponsive (AVPU P/U); and, as
+  handbook examples of an immediate life-saving intervention, SpO2 < 85 %, SBP < 70 mmHg,
+  or (age > 8 or unknown) HR < 40 / > 180 or RR < 8 / > 40 per minute.
+* Decision point B (level 2): new confusion, lethargy or disorientation (AVPU V); we also
+  count SpO2 < 92 % and SBP < 90 mmHg here (hypoxia and hypotension are high-risk at any
+  level).
+* Decision point D (level 2): a level-3 candidate (the model says 3) whose HR or RR is in
+  the age-dependent danger zone: < 3 y HR > 160 / RR > 40; 3-8 y HR > 140 / RR > 30;
+  > 8 y (or age unknown) HR > 100 / RR > 20. As in the handbook, D is not applied to
+  patients expected to need 0-1 resources (levels 4 and 5).
+
+A rule only ever makes a level more urgent (a floor); it never lowers one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_NUM = r"(\d{1,3}(?:\.\d)?)"
+
+
+@dataclass(frozen=True)
+class Vitals:
+    """What could be read from the text; None where absent."""
+
+    age: float | None = None
+    sbp: float | None = None
+    dbp: float | None = None
+    hr: float | None = None
+    rr: float | None = None
+    bt: float | None = None
+    spo2: float | None = None
+    avpu: str | None = None  # "A", "V", "P" or "U"
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.sbp, self.hr, self.rr, self.bt, self.spo2, self.avpu))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The most urgent level the rules demand (5 = no constraint) and why."""
+
+    level: int = 5
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+
+_AVPU_WORDS = {
+    "a": "A", "alert": "A", "a&ox3": "A", "oriented": "A",
+    "v": "V", "verbal": "V", "confused": "V", "drowsy": "V", "lethargic": "V", "disoriented": "V",
+    "p": "P", "pain": "P", "responds to pain": "P",
+    "u": "U", "unresponsive": "U", "unconscious": "U",
+}
+
+
+def _f(pattern: str, text: str) -> float | None:
+    m = re.search(pattern, text, flags=re.IGNORECASE)
+    if not m:
+        return None
+    try:
+        return float(m.group(1))
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_vitals(text: str) -> Vitals:
+    """Read age, BP, HR, RR, temperature, SpO2 and AVPU from nurse-style text.
+
+    Understands `SBP 85 DBP 50`, `BP 128/80`, `V/S 128/80-88-18-36.8`, `HR 110`, `PR 110`,
+    `RR 22`, `BT 36.8`, `T 38.2`, `SpO2 95`, `sat 91%`, `age 67`, `67M`, `67 y/o`,
+    `mental: verbal`, `AVPU P`. Text without such fields yields an empty `Vitals`.
+    """
+    t = text[:4000]
+    sbp = _f(r"\bSBP\s*:?\s*" + _NUM, t)
+    dbp = _f(r"\bDBP\s*:?\s*" + _NUM, t)
+    hr = _f(r"\b(?:HR|PR|pulse)\s*:?\s*" + _NUM, t)
+    rr = _f(r"\bRR\s*:?\s*" + _NUM, t)
+    bt = _f(r"\b(?:BT|T|temp)\s*:?\s*(\d{2}(?:\.\d)?)\b", t)
+    spo2 = _f(r"\b(?:SpO2|SaO2|sat|O2 sat)\s*:?\s*" + _NUM, t)
+    m = re.search(r"\bBP\s*:?\s*(\d{2,3})\s*/\s*(\d{2,3})", t, flags=re.IGNORECASE)
+    if m and sbp is None:
+        sbp, dbp = float(m.group(1)), float(m.group(2))
+    m = re.search(r"\bV/?S\s*:?\s*(\d{2,3})/(\d{2,3})-(\d{2,3})-(\d{1,2})-(\d{2}(?:\.\d)?)", t, flags=re.IGNORECASE)
+    if m:
+        sbp, dbp, hr, rr, bt = (float(g) for g in m.groups())
+    age = _f(r"\bage\s*:?\s*(\d{1,3})\b", t)
+    if age is None:
+        age = _f(r"\b(\d{1,3})\s*(?:y/?o|yo|yrs?|years? old|[MF])\b", t)
+    avpu = None
+    m = re.search(r"\b(?:mental(?:\s+status)?|AVPU|mentality)\s*:?\s*(responds to pain|a&ox3|[a-z]+)", t, flags=re.IGNORECASE)
+    if m:
+        avpu = _AVPU_WORDS.get(m.group(1).lower())
+    if bt is not None and not 30.0 <= bt <= 45.0:
+        bt = None
+    if spo2 is not None and spo2 > 100:
+        spo2 = None
+    return Vitals(age=age, sbp=sbp, dbp=dbp, hr=hr, rr=rr, bt=bt, spo2=spo2, avpu=avpu)
+
+
+def danger_zone_limits(age: float | None) -> tuple[int, int]:
+    """ESI v4 danger-zone (HR, RR) upper limits for an age in years (None: adult)."""
+    if age is not None and age < 3:
+        return 160, 40
+    if age is not None and age <= 8:
+        return 140, 30
+    return 100, 20
+
+
+def safety_floor(v: Vitals, model_level: int) -> Floor:
+    """The ESI floor for these vitals given the level the model (after escalation) chose."""
+    reasons: list[str] = []
+    level = 5
+    adult = v.age is None or v.age > 8
+    # Decision point A
+    a = []
+    if v.avpu in ("P", "U"):
+        a.append(f"AVPU {v.avpu}")
+    if v.spo2 is not None and v.spo2 < 85:
+        a.append("SpO2<85")
+    if adult and v.sbp is not None and v.sbp < 70:
+        a.append("SBP<70")
+    if adult and v.hr is not None and (v.hr < 40 or v.hr > 180):
+        a.append("HR<40|>180")
+    if adult and v.rr is not None and (v.rr < 8 or v.rr > 40):
+        a.append("RR<8|>40")
+    if a:
+        return Floor(1, tuple("A:" + x for x in a))
+    # Decision point B
+    if v.avpu == "V":
+        reasons.append("B:AVPU V")
+    if v.spo2 is not None and v.spo2 < 92:
+        reasons.append("B:SpO2<92")
+    if v.sbp is not None and v.sbp < 90 and adult:
+        reasons.append("B:SBP<90")
+    # Decision point D (level-3 candidates only)
+    if model_level == 3:
+        hr_max, rr_max = danger_zone_limits(v.age)
+        if v.hr is not None and v.hr > hr_max:
+            reasons.append(f"D:HR>{hr_max}")
+        if v.rr is not None and v.rr > rr_max:
+            reasons.append(f"D:RR>{rr_max}")
+    if reasons:
+        level = 2
+    return Floor(level, tuple(reasons))

@@ -1,0 +1,49 @@
+"""Fixtures for the predictor tests.
+
+`trained_home` is a TRIAGE_HOME holding both predictors: the ones `triage train all`
+made in the state dir when present, otherwise small ones trained here (a few hundred
+corpus rows, one epoch; about a minute on 2 cores). No file name here may shadow the
+`predictors` package, so this folder has no __init__.py and test files are prefixed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _have(home: Path) -> bool:
+    return all((home / "predictors" / k / "triage_meta.json").exists() for k in ("urgency", "length"))
+
+
+@pytest.fixture(scope="session")
+def trained_home(tmp_path_factory) -> Path:
+    from triage.paths import state_dir
+
+    real = state_dir()
+    if _have(real):
+        return real
+    from predictors.train import TrainConfig, train_length, train_urgency
+
+    home = tmp_path_factory.mktemp("triage_home")
+    cfg = TrainConfig(epochs=1, limit=320, seed=0)
+    train_urgency(home / "predictors" / "urgency", cfg)
+    train_length(home / "predictors" / "length", cfg)
+    return home
+
+
+@pytest.fixture(scope="session")
+def predictor(trained_home):
+    from predictors.service import Predictor
+
+    return Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", threads=2)
+
+
+@pytest.fixture()
+def home_env(trained_home, monkeypatch):
+    monkeypatch.setenv("TRIAGE_HOME", str(trained_home))
+    return trained_home

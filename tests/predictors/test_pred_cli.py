@@ -1,0 +1,69 @@
+"""CLI JSON shapes: classify, classify --file, evaluate urgency, bench classify."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from serving.cli.apps import app
+import serving.cli  # noqa: F401  (registers the commands)
+
+runner = CliRunner()
+
+
+def _json_lines(out: str) -> list[dict]:
+    return [json.loads(l) for l in out.splitlines() if l.strip().startswith("{")]
+
+
+def test_classify_text(home_env):
+    r = runner.invoke(app, ["classify", "my wife collapsed and is not breathing"])
+    assert r.exit_code == 0, r.output
+    (obj,) = _json_lines(r.stdout)
+    assert set(obj) == {"level", "probs", "length_bucket"}
+    assert obj["level"] in range(1, 6) and len(obj["probs"]) == 5 and isinstance(obj["length_bucket"], int)
+
+
+def test_classify_file(home_env, tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("chest pain, age 70\nneed a work note\n🚑 help\n\n", encoding="utf-8")
+    r = runner.invoke(app, ["classify", "--file", str(f)])
+    assert r.exit_code == 0, r.output
+    objs = _json_lines(r.stdout)
+    assert len(objs) == 4  # one per line, empty line included
+    assert all(set(o) == {"level", "probs", "length_bucket"} for o in objs)
+
+
+def test_classify_needs_exactly_one_input(home_env):
+    assert runner.invoke(app, ["classify"]).exit_code != 0
+
+
+def test_classify_without_models_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIAGE_HOME", str(tmp_path))
+    r = runner.invoke(app, ["classify", "x"])
+    assert r.exit_code == 2 and "triage train" in r.output
+
+
+def test_evaluate_corpus_test_json(home_env):
+    r = runner.invoke(app, ["evaluate", "urgency", "--dataset", "corpus-test", "--json"])
+    assert r.exit_code == 0, r.output
+    (rep,) = _json_lines(r.stdout)
+    assert {"n", "accuracy", "macro_f1", "under_triage_1_2", "level1_recall", "confusion"} <= set(rep)
+    assert rep["n"] == sum(map(sum, rep["confusion"])) > 300
+
+
+def test_evaluate_semigran_json(home_env):
+    r = runner.invoke(app, ["evaluate", "urgency", "--dataset", "semigran", "--json"])
+    if r.exit_code != 0 and "not found" in r.output:
+        pytest.skip("shared datasets not present")
+    assert r.exit_code == 0, r.output
+    (rep,) = _json_lines(r.stdout)
+    assert rep["n"] == 45 and rep["level1_recall"] is None and len(rep["confusion"]) == 3
+
+
+def test_bench_classify_json(home_env):
+    r = runner.invoke(app, ["bench", "classify", "--rate", "20", "--seconds", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    (rep,) = _json_lines(r.stdout)
+    assert {"rate", "p50_ms", "p99_ms"} <= set(rep)
+    assert rep["rate"] == 20 and 0 < rep["p50_ms"] <= rep["p99_ms"]

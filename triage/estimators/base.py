@@ -1,0 +1,123 @@
+"""The estimator contract.
+
+A batch is a list of `Work` items, one per scheduled request: `lq` tokens computed this
+step on top of `lkv` tokens already in the KV cache (`lq == 1` and `lkv > 0` is a decode).
+`batch_time(works)` is the predicted step time in seconds, already multiplied by the
+online correction factor β (seed 000 §4.1):
+
+    β ← θ·β + (1-θ)·mean(T_real / T_pred)   over a sliding window of recent steps.
+
+`request_time(lq, lkv)` is one request's share without the per-step constant `t_c`, and
+`max_chunk(lkv, budget)` inverts it: the largest chunk whose share fits `budget`
+(SlideBatching's GETMAXCHUNK, SlidingServe's TimeToBudget).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import NamedTuple, Sequence
+
+
+class Work(NamedTuple):
+    lq: int
+    lkv: int
+
+
+class LatencyEstimator(ABC):
+    t_c: float
+
+    def __init__(self, theta: float = 0.9, window: int = 32) -> None:
+        self.beta = 1.0
+        self.theta = theta
+        self._ratios: deque[float] = deque(maxlen=window)
+
+    # --- the model (uncorrected) -------------------------------------------------------
+    @abstractmethod
+    def _batch_time(self, works: Sequence[Work]) -> float:
+        """Uncorrected step time of a batch, including the per-step constant."""
+
+    @abstractmethod
+    def _request_time(self, lq: int, lkv: int) -> float:
+        """Uncorrected share of one request, without the per-step constant."""
+
+    @abstractmethod
+    def fit(self, samples: Sequence[tuple[Sequence[Work], float]]) -> None:
+        """Least-squares fit from profiled (batch, seconds) samples."""
+
+    @abstractmethod
+    def to_dict(self) -> dict: ...
+
+    # --- corrected public interface ----------------------------------------------------
+    def batch_time(self, works: Sequence[Work]) -> float:
+        return self.beta * self._batch_time(works)
+
+    def request_time(self, lq: int, lkv: int) -> float:
+        return self.beta * self._request_time(lq, lkv)
+
+    def request_times(self, lq, lkv):
+        """Vectorised request_time over numpy arrays (corrected by β)."""
+        import numpy as np
+
+        return self.beta * np.array([self._request_time(int(a), int(b)) for a, b in zip(lq, lkv)], dtype=float)
+
+    def prefill_time(self, n: int, lkv: int = 0) -> float:
+        return self.request_time(n, lkv) if n > 0 else 0.0
+
+    def decode_time(self, lkv: int) -> float:
+        return self.request_time(1, lkv)
+
+    def max_chunk(self, lkv: int, budget: float, cap: int) -> int:
+        """Largest lq in [0, cap] with request_time(lq, lkv) <= budget (binary search)."""
+        if cap <= 0 or budget <= 0 or self.request_time(1, lkv) > budget:
+            return 0
+        if self.request_time(cap, lkv) <= budget:
+            return cap
+        lo, hi = 1, cap  # request_time(lo) <= budget < request_time(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.request_time(mid, lkv) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def time_to_budget(self, budget: float, lkv: int = 0, cap: int = 1 << 20) -> int:
+        """Tokens of one fresh chunk that fit a step of `budget` seconds (t_c included)."""
+        return self.max_chunk(lkv, budget - self.beta * self.t_c, cap)
+
+    def observe(self, predicted_uncorrected: float, real: float) -> None:
+        """Online momentum correction from one executed step."""
+        if predicted_uncorrected > 0 and real > 0:
+            self._ratios.append(real / predicted_uncorrected)
+            mean = sum(self._ratios) / len(self._ratios)
+            self.beta = self.theta * self.beta + (1 - self.theta) * mean
+
+    def uncorrected_batch_time(self, works: Sequence[Work]) -> float:
+        return self._batch_time(works)
+
+
+def nonneg_lstsq(x, y):
+    """Least squares with coefficients >= 0 (drop the most negative and refit)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def remaining_time(est: LatencyEstimator, need: int, computed: int, remaining_output: int) -> float:
+    """Predicted compute time left for a request running alone: the rest of its
+    prefill (or recomputation), then its remaining decode steps (seed 004's f_t)."""
+    t = est.request_time(need, computed) if need > 1 else est.decode_time(computed)
+    if remaining_output > 1:
+        t += (remaining_output - 1) * est.decode_time(computed + need + remaining_output // 2)
+    return t

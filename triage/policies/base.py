@@ -1,0 +1,44 @@
+"""The policy interface and the registry.
+
+    plan(view, now) -> BatchPlan
+
+`view` is an `EngineState` (read it, never mutate it): waiting requests in arrival
+order, running requests in admission order, the KV pool, the latency estimator, the
+class table and the batch limits. A plan lists {request id: tokens this step} in the
+policy's order plus preemptions; the caller (simulator or vLLM plugin) applies it.
+Policies are deterministic: the same view gives the same plan.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar
+
+from triage.plan import BatchPlan
+from triage.state import EngineState
+
+SchedulerView = EngineState
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def plan(self, view: SchedulerView, now: float) -> BatchPlan:
+        """Decide this step's batch."""
+
+    def describe(self) -> dict:
+        return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
+
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    def deco(cls: type[Policy]) -> type[Policy]:
+        if name in POLICIES:
+            raise ValueError(f"policy {name!r} registered twice")
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return deco

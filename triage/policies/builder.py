@@ -1,0 +1,143 @@
+"""The one object that hands out a step's budgets and says why it stopped.
+
+Budgets: tokens (`max_num_batched_tokens`), seats (`max_num_seqs`), time (an optional
+latency budget converted through the estimator) and KV memory (free blocks, with vLLM's
+full-prompt admission gate). `add(r, want)` grants as many of `want` tokens as every
+budget allows (0 if none) and records the first budget that cut it short.
+"""
+from __future__ import annotations
+
+import math
+
+from triage.estimators import Work
+from triage.plan import BatchPlan, Preemption
+from triage.request import Request, Stage
+from triage.state import EngineState
+
+WAITING_STAGES = (Stage.WAITING, Stage.PREEMPTED)
+TIME_SLACK = 1e-3  # a step within 1 ms of its time budget takes nothing more
+
+
+class BatchBuilder:
+    def __init__(self, view: EngineState, time_budget: float | None = None) -> None:
+        self.view = view
+        self.est = view.estimator
+        self.bs = view.kv.block_size
+        lim = view.limits
+        self.tokens: dict[str, int] = {}
+        self.works: list[Work] = []
+        self.preemptions: list[Preemption] = []
+        self.tokens_left = lim.max_num_batched_tokens
+        self.seats_left = lim.max_num_seqs - len(view.running)
+        self.free_blocks = view.kv.free_blocks
+        self.budget = time_budget
+        self.time_left = math.inf if time_budget is None else time_budget - self.est.beta * self.est.t_c
+        self.predicted = self.est.beta * self.est.t_c
+        self.stop = "queue"
+        self._preempted: set[str] = set()
+        self._reasons: set[str] = set()
+
+    def _cut(self, reason: str) -> int:
+        if self.stop == "queue":
+            self.stop = reason
+        self._reasons.add(reason)
+        return 0
+
+    @property
+    def full(self) -> bool:
+        """No further request can get anything this step."""
+        return self.tokens_left <= 0 or self.time_left <= TIME_SLACK
+
+    def add(self, r: Request, want: int | None = None, *, use_time: bool = True) -> int:
+        if r.id in self.tokens or r.id in self._preempted:
+            return 0
+        want = r.need if want is None else min(want, r.need)
+        if want <= 0:
+            return 0
+        admitting = r.stage in WAITING_STAGES
+        if admitting and self.seats_left <= 0:
+            return self._cut("seats")
+        k = min(want, self.tokens_left)
+        if k <= 0:
+            return self._cut("tokens")
+        lkv = r.computed
+        if use_time and self.time_left < math.inf:
+            k = self.est.max_chunk(lkv, self.time_left, k)
+            if k <= 0:
+                return self._cut("time")
+        held = 0 if admitting else self.view.kv.blocks_of(r.id)
+        if admitting:
+            gate = -(-r.known // self.bs)
+            if gate > self.free_blocks:
+                return self._cut("memory")
+        room = (held + self.free_blocks) * self.bs - r.computed
+        if room < k:
+            k = room
+            self._cut("memory")
+            if k <= 0:
+                return 0
+        t = self.est.request_time(k, lkv)
+        self.tokens[r.id] = k
+        self.works.append(Work(k, lkv))
+        self.tokens_left -= k
+        self.time_left -= t
+        self.predicted += t
+        self.free_blocks -= max(0, -(-(r.computed + k) // self.bs) - held)
+        if admitting:
+            self.seats_left -= 1
+        return k
+
+    def blocks_short(self, r: Request, want: int | None = None) -> int:
+        """Blocks missing for r to get `want` (default: its need) this step."""
+        want = r.need if want is None else want
+        if r.stage in WAITING_STAGES:
+            return max(0, -(-r.known // self.bs) - self.free_blocks)
+        held = self.view.kv.blocks_of(r.id)
+        return max(0, -(-(r.computed + want) // self.bs) - held - self.free_blocks)
+
+    def preempt(self, victim: Request, keep_tokens: int = 0) -> None:
+        """Free a running victim's blocks for this step (it gets no tokens)."""
+        if victim.id in self.tokens:
+            raise ValueError(f"{victim.id} is already in the batch")
+        self.free_blocks += self.view.kv.blocks_of(victim.id)
+        self.seats_left += 1
+        self._preempted.add(victim.id)
+        self.preemptions.append(Preemption(victim.id, keep_tokens))
+
+    def is_preempted(self, r: Request) -> bool:
+        return r.id in self._preempted
+
+    def make_room(self, r: Request, victims: list[Request], *, outranks=None, keep=None) -> bool:
+        """Preempt from the end of `victims` (most evictable last) until r has the KV
+        blocks, and if it is waiting the seat, for what it wants this step.
+
+        `outranks(r, v)` says whether r may evict v (default: always). A running request
+        that finds only itself evictable is preempted itself, as vLLM does. Victims keep
+        `keep(v)` tokens offloaded (default: recompute). Returns whether r can now run."""
+        want = min(r.need, self.tokens_left)
+        waiting = r.stage in WAITING_STAGES
+        while (waiting and self.seats_left <= 0) or self.blocks_short(r, want) > 0:
+            while victims and (self.is_preempted(victims[-1]) or victims[-1].id in self.tokens):
+                victims.pop()
+            if not victims:
+                return False
+            v = victims[-1]
+            if v is r:
+                victims.pop()
+                self.preempt(r, keep(r) if keep else 0)
+                return False
+            if outranks is not None and not outranks(r, v):
+                return False
+            victims.pop()
+            self.preempt(v, keep(v) if keep else 0)
+        return True
+
+    def build(self) -> BatchPlan:
+        return BatchPlan(self.tokens, self.preemptions, self.budget, self.predicted, self.stop)
+
+
+def keep_tokens_for(view: EngineState, victim: Request) -> int:
+    """Cache-or-recompute (seed 004 Eq. 3 and 5): tokens to offload, 0 to recompute."""
+    if view.costs is None:
+        return 0
+    return view.costs.keep_tokens(victim.prompt_len, victim.computed)

@@ -1,0 +1,1 @@
+"""Discrete-event simulation: traces in, per-token timestamps out, with the live policies."""

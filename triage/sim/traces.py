@@ -1,0 +1,103 @@
+"""Workload traces: loaders for the shared datasets and synthetic generators.
+
+Every loader returns `TraceRequest`s sorted by arrival, with arrival times in seconds
+from the first request, divided by `rate_scale` (a scale of 2 doubles the load).
+Levels come from a `level` column when the file has one; otherwise they are drawn from
+a seeded mix, by default the KTAS expert distribution (2/17/38/36/6 % for ESI 1-5).
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+KTAS_MIX = (0.02, 0.17, 0.38, 0.36, 0.06)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival: float
+    prompt_len: int
+    output_len: int
+    level: int
+    text: str | None = None
+
+
+def _open(path: Path) -> io.TextIOBase:
+    return gzip.open(path, "rt") if str(path).endswith(".gz") else open(path, newline="")
+
+
+def _parse_azure_ts(s: str) -> float:
+    # "2023-11-16 18:15:46.6805900": 7 fractional digits, more than fromisoformat takes
+    head, _, frac = s.partition(".")
+    return datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def draw_levels(n: int, seed: int, mix: tuple[float, ...] = KTAS_MIX) -> np.ndarray:
+    p = np.asarray(mix, dtype=float)
+    if (p < 0).any() or p.sum() <= 0:
+        raise ValueError(f"invalid level mix {mix}")
+    rng = np.random.default_rng(seed)
+    return rng.choice(np.arange(1, len(p) + 1), size=n, p=p / p.sum())
+
+
+def load_trace(path: str | Path, *, limit: int | None = None, rate_scale: float = 1.0, seed: int = 0,
+               mix: tuple[float, ...] = KTAS_MIX, min_output: int = 1) -> list[TraceRequest]:
+    """Azure LLM 2023 (`TIMESTAMP,ContextTokens,GeneratedTokens`), Mooncake
+    (`timestamp_ms,input_length,output_length,…`) or a generic CSV
+    (`arrival,prompt_tokens,output_tokens[,level]`)."""
+    if rate_scale <= 0:
+        raise ValueError("rate_scale must be > 0")
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"trace {path} not found")
+    rows: list[tuple[float, int, int, int | None]] = []
+    with _open(path) as f:
+        reader = csv.DictReader(f)
+        cols = set(reader.fieldnames or ())
+        for row in reader:
+            if limit is not None and len(rows) >= limit:
+                break
+            if "TIMESTAMP" in cols:
+                rows.append((_parse_azure_ts(row["TIMESTAMP"]), int(row["ContextTokens"]), int(row["GeneratedTokens"]), None))
+            elif "timestamp_ms" in cols:
+                rows.append((float(row["timestamp_ms"]) / 1000.0, int(row["input_length"]), int(row["output_length"]), None))
+            elif {"arrival", "prompt_tokens", "output_tokens"} <= cols:
+                lvl = row.get("level")
+                rows.append((float(row["arrival"]), int(row["prompt_tokens"]), int(row["output_tokens"]), int(lvl) if lvl else None))
+            else:
+                raise ValueError(f"{path.name}: unknown trace columns {sorted(cols)}")
+    if not rows:
+        raise ValueError(f"{path.name}: no requests")
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0]
+    drawn = draw_levels(len(rows), seed, mix)
+    return [
+        TraceRequest((t - t0) / rate_scale, max(1, p), max(min_output, o), lvl if lvl is not None else int(drawn[i]))
+        for i, (t, p, o, lvl) in enumerate(rows)
+    ]
+
+
+def poisson_trace(n: int, rate: float, *, seed: int = 0, prompt: tuple[int, int] = (64, 1024),
+                  output: tuple[int, int] = (16, 512), mix: tuple[float, ...] = KTAS_MIX) -> list[TraceRequest]:
+    """n requests with exponential inter-arrival times at `rate` req/s and log-uniform lengths."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    t -= t[0]
+    lp = np.exp(rng.uniform(np.log(prompt[0]), np.log(prompt[1]), size=n)).astype(int)
+    lo = np.exp(rng.uniform(np.log(output[0]), np.log(output[1]), size=n)).astype(int)
+    levels = draw_levels(n, seed + 1, mix)
+    return [TraceRequest(float(t[i]), int(lp[i]), max(1, int(lo[i])), int(levels[i])) for i in range(n)]
+
+
+def spike_trace(base: list[TraceRequest], *, at: float, count: int, level: int, gap: float = 0.1,
+                prompt_len: int = 200, output_len: int = 100) -> list[TraceRequest]:
+    """`base` plus a burst of `count` requests of one level, `gap` seconds apart, from `at`
+    (seed 004 §4.1's spike experiment)."""
+    burst = [TraceRequest(at + i * gap, prompt_len, output_len, level) for i in range(count)]
+    return sorted([*base, *burst], key=lambda r: r.arrival)

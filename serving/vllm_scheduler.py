@@ -1,0 +1,512 @@
+"""Our policy inside vLLM 0.32.0: a subclass of vLLM's V1 `Scheduler` that executes
+the policy's `BatchPlan` exactly.
+
+Load it with `scheduler_cls="serving.vllm_scheduler.TriageScheduler"` (EngineArgs or
+`--scheduler-cls`); settings travel in `additional_config={"triage": {...}}`
+(see `TriageSettings`). vLLM resolves the class inside the EngineCore process.
+
+How a step runs (ENVIRONMENT.md's verified recipe: steer vLLM's own `schedule()`
+through its hooks, never rebuild it):
+
+    1. apply pending relabels / class edits (control channel, see `triage_control`);
+    2. plan = policy.plan(mirror, now)            # the same object the simulator runs
+    3. repair: replay the plan's allocations in vLLM's order (running first, then
+       admissions) against vLLM's real free-block count; an admission that vLLM's
+       full-sequence gate would refuse is dropped (counted in `plan_repairs`);
+    4. our victims: pop from `running`, `_preempt_request` (frees blocks, recompute);
+    5. `waiting` is swapped for a queue holding only the planned admissions in plan
+       order (`kv_holding_waiting` for an empty one) and `_reserve_prefill_lookahead`
+       caps every request at its planned tokens (0 = skip), then `super().schedule()`;
+    6. compare the plan with `SchedulerOutput.num_scheduled_tokens` and the
+       preempted ids; any difference is counted in `plan_mismatches`.
+
+The mirror (`EngineState`) is kept in step with vLLM's requests in `add_request`,
+`finish_requests` and `update_from_output`, and mirrors vLLM's block rules (blocks
+of `ceil(computed / block_size)`, the full-prompt admission gate, the null block).
+
+Private vLLM members this relies on (pinned to vLLM 0.32.0; checked by
+`check_vllm_members()` and tests/engine/test_scheduler_plugin.py):
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request as VllmRequest
+from vllm.v1.request import RequestStatus
+
+from triage.classes import PriorityClasses, load_classes
+from triage.estimators import Work
+from triage.kv import CacheCosts, KVCache
+from triage.plan import BatchPlan, Preemption
+from triage.policies import make_policy
+from triage.profiles import Limits, load_profile
+from triage.request import KVResidency, Request, Stage
+from triage.state import EngineState
+
+log = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.32.0"
+
+# Every vLLM member that is not public API and that this module reads or calls.
+PRIVATE_MEMBERS: dict[str, tuple[str, ...]] = {
+    "Scheduler": (
+        "_reserve_prefill_lookahead", "_preempt_request", "running", "waiting",
+        "kv_holding_waiting", "requests", "max_num_scheduled_tokens", "max_num_active_reqs",
+        "max_model_len", "block_size", "scheduler_reserve_full_isl", "kv_cache_manager",
+        "connector",
+    ),
+    "KVCacheManager": ("block_pool",),
+    "BlockPool": ("get_num_free_blocks",),
+    "Request": ("request_id", "num_computed_tokens", "num_tokens", "num_prompt_tokens",
+                "num_output_tokens", "status", "priority", "arrival_time", "max_tokens",
+                "sampling_params", "skip_reading_prefix_cache"),
+    "EngineCore": ("scheduler", "<utility dispatch by method name: triage_control>"),
+}
+__doc__ += "\n".join(f"    {k}: {', '.join(v)}" for k, v in PRIVATE_MEMBERS.items()) + "\n"
+
+WAITING = (Stage.WAITING, Stage.PREEMPTED)
+XARG = "triage"  # SamplingParams.extra_args["triage"] = {"level", "ttft_slo", "tpot_slo", ...}
+
+
+def check_vllm_members(scheduler: Scheduler | None = None) -> list[str]:
+    """Names of pinned members that this vLLM lacks (empty when all are present)."""
+    import vllm
+
+    missing = []
+    if not vllm.__version__.startswith(VLLM_VERSION):
+        missing.append(f"vllm version {vllm.__version__} != {VLLM_VERSION}")
+    for name in ("_reserve_prefill_lookahead", "_preempt_request", "schedule", "update_from_output",
+                 "add_request", "finish_requests"):
+        if not hasattr(Scheduler, name):
+            missing.append(f"Scheduler.{name}")
+    if scheduler is not None:
+        for name in PRIVATE_MEMBERS["Scheduler"]:
+            if not hasattr(scheduler, name):
+                missing.append(f"Scheduler.{name}")
+        if not hasattr(scheduler.kv_cache_manager, "block_pool"):
+            missing.append("KVCacheManager.block_pool")
+    return missing
+
+
+@dataclass
+class TriageSettings:
+    """`additional_config["triage"]`; every field has a default."""
+
+    policy: str = "triage"
+    policy_params: dict = field(default_factory=dict)
+    profile: str = "vllm-cpu-smollm2"
+    estimator: str = "proserve"
+    classes: dict | None = None        # PriorityClasses.to_dict(); default: data file x slo_scale
+    kv_offload: bool | None = None     # None: on iff a KV connector is configured
+    record_steps: int = 0              # keep the last N steps' (plan, scheduled) for tests
+    learn: bool = True                 # online estimator correction from measured step times
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config) -> "TriageSettings":
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        raw = dict(extra.get("triage", {})) if isinstance(extra, dict) else {}
+        env = os.environ.get("TRIAGE_SCHEDULER_POLICY")
+        if env and "policy" not in raw:
+            raw["policy"] = env
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        unknown = set(raw) - set(known)
+        if unknown:
+            raise ValueError(f"unknown triage scheduler settings: {sorted(unknown)}")
+        return cls(**known)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    plan: dict[str, int]
+    scheduled: dict[str, int]
+    victims: list[str]
+    preempted: list[str]
+    repaired: bool
+
+
+@dataclass
+class TriageStats:
+    steps: int = 0
+    empty_steps: int = 0
+    plan_mismatches: int = 0
+    plan_repairs: int = 0
+    kv_mismatches: int = 0
+    preemptions: int = 0
+    offloads: int = 0
+    recomputes: int = 0
+    vllm_preemptions: int = 0          # victims vLLM chose itself (a mismatch)
+    relabels: int = 0
+    class_edits: int = 0
+    last_step_s: float | None = None
+    last_plan_s: float | None = None
+    plan_overhead_s_max: float = 0.0
+    estimator_ape_mean: float | None = None  # mean |pred - real| / real over measured steps
+    estimator_beta: float = 1.0
+    running: int = 0
+    waiting: int = 0
+
+
+class TriageScheduler(Scheduler):
+    """vLLM's scheduler, steered step by step by our policy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.triage_settings = s = TriageSettings.from_vllm_config(self.vllm_config)
+        self.triage_policy = make_policy(s.policy, **s.policy_params)
+        profile = load_profile(s.profile)
+        classes = PriorityClasses.from_dict(s.classes) if s.classes else load_classes().scaled(profile.slo_scale)
+        est = profile.estimator(s.estimator)
+        offload = s.kv_offload if s.kv_offload is not None else self.connector is not None
+        costs = None
+        if offload and hasattr(est, "a_p"):
+            costs = CacheCosts.from_estimator(est, profile.kv_load_per_token)
+        self.kv_offload = offload
+        # The block pool keeps one null block out of circulation: count only the usable ones.
+        num_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        limits = Limits(max_num_seqs=self.max_num_active_reqs,
+                        max_num_batched_tokens=self.max_num_scheduled_tokens,
+                        max_model_len=self.max_model_len)
+        self.tstate = EngineState(KVCache(num_blocks, self.block_size), est, classes, limits, costs)
+        self.tstats = TriageStats()
+        self.step_log: deque[StepRecord] = deque(maxlen=max(0, s.record_steps))
+        self._control: deque[tuple[str, Any]] = deque()
+        self._plan_tokens: dict[str, int] | None = None
+        self._external: dict[str, str] = {}     # client's request id -> vLLM's internal id
+        self._seq = 0
+        self._pending_works: list[Work] | None = None
+        self._t_sched_end = 0.0
+        self._ape_sum = 0.0
+        self._ape_n = 0
+        self._recompute_only: set[str] = set()
+        self.clock = time.time  # the peers harness swaps in a virtual clock
+        missing = check_vllm_members(self)
+        if missing:
+            log.warning("TriageScheduler: vLLM differs from the pinned %s: %s", VLLM_VERSION, missing)
+        log.info("TriageScheduler: policy=%s profile=%s blocks=%d block_size=%d offload=%s",
+                 s.policy, s.profile, num_blocks, self.block_size, offload)
+
+    # ------------------------------------------------------------------ requests in/out
+    def add_request(self, request: VllmRequest) -> None:
+        existing = request.request_id in self.requests
+        super().add_request(request)
+        if existing:
+            return  # a streaming-input update of a known request
+        sp = request.sampling_params
+        xa = ((sp.extra_args or {}).get(XARG) or {}) if sp is not None else {}
+        classes = self.tstate.classes
+        level = int(xa.get("level", request.priority if request.priority in classes.classes else classes.least_urgent))
+        c = classes.get(level)
+        max_tokens = int(request.max_tokens or 1)
+        r = Request(
+            id=request.request_id,
+            arrival=float(xa.get("arrival", request.arrival_time)),
+            prompt_len=request.num_prompt_tokens,
+            predicted_level=level,
+            ttft_slo=float(xa.get("ttft_slo", c.ttft)),
+            tpot_slo=float(xa.get("tpot_slo", c.tpot)),
+            predicted_output_len=max(1, min(int(xa.get("predicted_output_len", max_tokens)), max_tokens)),
+            output_len=max_tokens,
+            seq=self._seq,
+        )
+        self._seq += 1
+        self.tstate.add(r)
+        # add() refreshed weight/SLOs from the class table; per-request SLOs win
+        if "ttft_slo" in xa:
+            r.ttft_slo = float(xa["ttft_slo"])
+        if "tpot_slo" in xa:
+            r.tpot_slo = float(xa["tpot_slo"])
+        ext = xa.get("id")
+        if ext:
+            self._external[str(ext)] = request.request_id
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus):
+        done = super().finish_requests(request_ids, finished_status)
+        for req in done:
+            self._forget(req.request_id)
+        return done
+
+    def _forget(self, rid: str) -> None:
+        if rid in self.tstate.requests:
+            self.tstate.remove(rid)
+        self._recompute_only.discard(rid)
+
+    # ------------------------------------------------------------------ control channel
+    def triage_control(self, op: str, payload: Any = None) -> Any:
+        """Relabels and class edits queue up and take effect at the next step; `stats`
+        and `steps` answer at once. Reached from the client through EngineCore's
+        utility dispatch (`call_utility_async("triage_control", op, payload)`)."""
+        if op in ("relabel", "set_classes"):
+            self._control.append((op, payload))
+            return True
+        if op == "stats":
+            return self.triage_stats()
+        if op == "steps":
+            return [asdict(r) for r in self.step_log]
+        raise ValueError(f"unknown triage control op {op!r}")
+
+    def _apply_control(self) -> None:
+        st = self.tstate
+        while self._control:
+            op, p = self._control.popleft()
+            if op == "relabel":
+                rid = self._external.get(str(p["id"]), str(p["id"]))
+                level = p.get("level")
+                if rid in st.requests:
+                    st.relabel(rid, None if level is None else int(level))
+                    req = self.requests.get(rid)
+                    if req is not None and level is not None:
+                        req.priority = int(level)  # vLLM's own fallback orders agree
+                    self.tstats.relabels += 1
+            elif op == "set_classes":
+                st.set_classes(p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p))
+                self.tstats.class_edits += 1
+
+    def triage_stats(self) -> dict:
+        s = self.tstats
+        s.running, s.waiting = len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+        s.estimator_beta = float(self.tstate.estimator.beta)
+        s.estimator_ape_mean = self._ape_sum / self._ape_n if self._ape_n else None
+        return {**asdict(s), "policy": self.triage_settings.policy, "profile": self.triage_settings.profile,
+                "kv_blocks": self.tstate.kv.num_blocks, "block_size": self.block_size,
+                "classes_version": self.tstate.classes.version}
+
+    # ------------------------------------------------------------------ the step
+    def _reserve_prefill_lookahead(self, request: VllmRequest, num_computed_tokens: int, num_new_tokens: int) -> int:
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        if self._plan_tokens is None:
+            return n
+        return min(n, self._plan_tokens.get(request.request_id, 0))
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        now = self.clock()
+        t0 = time.perf_counter()
+        self._apply_control()
+        self._reconcile()
+        st = self.tstate
+        plan = self.triage_policy.plan(st, now)
+        plan, repaired = self._repair(plan)
+        victims = [p.request_id for p in plan.preemptions]
+        for p in plan.preemptions:
+            self._preempt_ours(p, now)
+        admit = FCFSRequestQueue()
+        for rid in plan.tokens:
+            req = self.requests[rid]
+            if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                admit.append(req)
+        planned_admissions = list(admit)
+        waiting, holding = self.waiting, self.kv_holding_waiting
+        self.waiting, self.kv_holding_waiting = admit, FCFSRequestQueue()
+        self._plan_tokens = plan.tokens
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self._plan_tokens = None
+            left = self.waiting
+            self.waiting, self.kv_holding_waiting = waiting, holding
+            admitted = [r for r in planned_admissions if r.status == RequestStatus.RUNNING]
+            if admitted:
+                waiting.remove_requests(admitted)
+            present = set(map(id, waiting))
+            for r in left:  # vLLM preempted one itself (a mismatch): it went to the swapped queue
+                if id(r) not in present and not r.is_finished():
+                    waiting.prepend_request(r)
+            for r in holding:
+                pass  # untouched: requests holding KV while waiting stay where vLLM put them
+        self._after_schedule(out, plan, victims, repaired, now)
+        dt = time.perf_counter() - t0
+        self.tstats.last_plan_s = dt
+        self.tstats.plan_overhead_s_max = max(self.tstats.plan_overhead_s_max, dt)
+        self._t_sched_end = time.perf_counter()
+        return out
+
+    def _preempt_ours(self, p: Preemption, now: float) -> None:
+        req = self.requests[p.request_id]
+        self.running.remove(req)
+        self._preempt_request(req, time.monotonic())
+        keep = p.keep_tokens if self.kv_offload else 0
+        self.tstate.preempt(p.request_id, keep)
+        self.tstats.preemptions += 1
+        if keep > 0:
+            self.tstats.offloads += 1
+            self._recompute_only.discard(p.request_id)
+        else:
+            self.tstats.recomputes += 1
+            if self.connector is not None:
+                # recompute: do not let the offloading connector bring its KV back
+                req.skip_reading_prefix_cache = True
+                self._recompute_only.add(p.request_id)
+
+    def _after_schedule(self, out: SchedulerOutput, plan: BatchPlan, victims: list[str], repaired: bool,
+                        now: float) -> None:
+        st = self.tstate
+        scheduled = out.num_scheduled_tokens
+        works: list[Work] = []
+        for rid, k in scheduled.items():
+            r = st.requests.get(rid)
+            if r is None:
+                continue
+            req = self.requests[rid]
+            if r.stage in WAITING:
+                st.admit(r, now)
+                if rid in self._recompute_only:
+                    req.skip_reading_prefix_cache = req.get_skip_reading_prefix_cache()
+                    self._recompute_only.discard(rid)
+            # vLLM already advanced num_computed_tokens by k (prefix hits included)
+            before = req.num_computed_tokens - k
+            works.append(Work(k, before))
+            r.computed = before
+            st.allocate(r, k)
+            r.computed = req.num_computed_tokens
+            r.stage = Stage.PREFILLING if r.computed < r.known else Stage.DECODING
+        self._pending_works = works or None
+        preempted = sorted(out.preempted_req_ids)
+        ours = sorted(victims)
+        self.tstats.steps += 1
+        if not scheduled:
+            self.tstats.empty_steps += 1
+        if repaired:
+            self.tstats.plan_repairs += 1
+        extra_victims = set(preempted) - set(ours)
+        if extra_victims:
+            self.tstats.vllm_preemptions += len(extra_victims)
+            for rid in extra_victims:  # mirror vLLM's own preemption
+                r = st.requests.get(rid)
+                if r is not None and r.stage not in WAITING:
+                    st.preempt(rid, 0)
+        if dict(scheduled) != plan.tokens or preempted != ours:
+            self.tstats.plan_mismatches += 1
+            log.debug("plan mismatch at step %d: plan=%s scheduled=%s", self.tstats.steps, plan.tokens, scheduled)
+        if self.step_log.maxlen:
+            self.step_log.append(StepRecord(self.tstats.steps, dict(plan.tokens), dict(scheduled), ours,
+                                            preempted, repaired))
+        if self.kv_cache_manager.block_pool.get_num_free_blocks() != st.kv.free_blocks and \
+                not self.cache_config.enable_prefix_caching:
+            self.tstats.kv_mismatches += 1
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = self.clock()
+        st = self.tstate
+        for rid in scheduler_output.num_scheduled_tokens:
+            r = st.requests.get(rid)
+            if r is None:
+                continue
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                self._forget(rid)
+                continue
+            self._sync(r, req, now)
+        if self._pending_works:
+            real = time.perf_counter() - self._t_sched_end
+            est = st.estimator
+            pred = est.uncorrected_batch_time(self._pending_works)
+            self.tstats.last_step_s = real
+            if real > 0 and self.triage_settings.learn:
+                self._ape_sum += abs(est.beta * pred - real) / real
+                self._ape_n += 1
+                est.observe(pred, real)
+            self._pending_works = None
+        return outputs
+
+    def _sync(self, r: Request, req: VllmRequest, now: float) -> None:
+        gen = req.num_output_tokens
+        while r.generated < gen:
+            r.generated += 1
+            r.token_times.append(now)
+        r.computed = req.num_computed_tokens
+        if req.status == RequestStatus.RUNNING:
+            r.stage = Stage.PREFILLING if r.computed < r.known - 1 or r.generated == 0 else Stage.DECODING
+
+    def _reconcile(self) -> None:
+        """Catch up with what vLLM did outside our plan (its own preemptions, stops
+        reported for requests not scheduled this step)."""
+        st = self.tstate
+        for rid in [rid for rid in st.requests if rid not in self.requests or self.requests[rid].is_finished()]:
+            self._forget(rid)
+        for r in list(st.running):
+            req = self.requests[r.id]
+            if req.status != RequestStatus.RUNNING:
+                st.preempt(r.id, 0)
+
+    # ------------------------------------------------------------------ vLLM's order
+    def _repair(self, plan: BatchPlan) -> tuple[BatchPlan, bool]:
+        """Replay the plan in vLLM's order against vLLM's real free blocks: running
+        requests (in `running` order) first, then admissions in plan order through the
+        full-sequence gate. Drops admissions (or trims running chunks) that would fail,
+        so vLLM never preempts on its own. Returns the plan that will execute."""
+        if not plan.tokens:
+            return plan, False
+        bs = self.block_size
+        st = self.tstate
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        victims = {p.request_id for p in plan.preemptions}
+        for rid in victims:
+            free += st.kv.blocks_of(rid)
+        tokens = dict(plan.tokens)
+        changed = False
+        for req in self.running:
+            rid = req.request_id
+            k = tokens.get(rid)
+            if not k or rid in victims:
+                continue
+            held = st.kv.blocks_of(rid)
+            c = req.num_computed_tokens
+            need = max(0, math.ceil((c + k) / bs) - held)
+            if need > free:
+                k2 = max(0, (held + free) * bs - c)
+                changed = True
+                if k2 <= 0:
+                    del tokens[rid]
+                    continue
+                tokens[rid] = k2
+                need = max(0, math.ceil((c + k2) / bs) - held)
+            free -= need
+        for rid, k in list(tokens.items()):
+            req = self.requests[rid]
+            if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                continue
+            gate = math.ceil(min(req.num_tokens, self.max_model_len) / bs) if self.scheduler_reserve_full_isl else 0
+            need = math.ceil((req.num_computed_tokens + k) / bs)
+            if max(gate, need) > free:
+                del tokens[rid]
+                changed = True
+                continue
+            free -= need
+        if not changed:
+            return plan, False
+        return BatchPlan(tokens, plan.preemptions, plan.budget_s, plan.predicted_s, plan.stop), True
+
+
+# -------------------------------------------------------------------------------------
+# Control channel: EngineCore dispatches utility calls by method name (getattr on the
+# EngineCore object). This module is imported inside the EngineCore process when vLLM
+# resolves `scheduler_cls`, so defining the method here makes it callable from the
+# client with `engine_core.call_utility_async("triage_control", op, payload)`.
+def _install_engine_core_hook() -> None:
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except Exception:  # pragma: no cover - vLLM without EngineCore
+        return
+    if getattr(EngineCore, "triage_control", None) is not None:
+        return
+
+    def triage_control(self, op: str, payload: Any = None) -> Any:
+        sched = getattr(self, "scheduler", None)
+        if not hasattr(sched, "triage_control"):
+            raise RuntimeError("the engine does not run serving.vllm_scheduler.TriageScheduler")
+        return sched.triage_control(op, payload)
+
+    EngineCore.triage_control = triage_control
+
+
+_install_engine_core_hook()

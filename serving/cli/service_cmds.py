@@ -1,1 +1,127 @@
-"""Commands registered on serving.cli.apps (filled in by its owner)."""
+"""Service commands: `triage serve`, `triage keys create`, `triage db upgrade|check`.
+
+Heavy modules are imported inside the functions so `triage --help` stays fast.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import app, db_app, keys_app
+
+DbOpt = Annotated[Optional[str], typer.Option("--db", help="Database URL (default: SQLite in the state dir)")]
+
+
+def _settings(**kw):
+    from serving.settings import Settings, UnsafeSettings
+
+    try:
+        return Settings(**{k: v for k, v in kw.items() if v is not None})
+    except (UnsafeSettings, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command("serve")
+def serve(
+    backend: Annotated[Optional[str], typer.Option(help="vllm (default) or simulated")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="latency profile of the simulated backend")] = None,
+    db: DbOpt = None,
+    host: Annotated[Optional[str], typer.Option(help="bind address (default 127.0.0.1)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="port (default 8000)")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="engine-level scheduling policy (default triage)")] = None,
+    model: Annotated[Optional[str], typer.Option(help="served model directory (vllm backend)")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Start the triage service (OpenAI-compatible API, operators, auditors, metrics)."""
+    import logging
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    s = _settings(backend=backend, profile=profile, db_url=db, host=host, port=port, policy=policy, model=model)
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _ensure_predictors(s)
+    import uvicorn
+
+    from serving.app import create_app
+
+    url = f"http://{s.host}:{s.port}"
+    typer.echo(f"Triage ({s.backend} backend) starting on {url}\n"
+               f"  try: curl -s {url}/v1/chat/completions -H 'Authorization: Bearer $KEY' "
+               "-H 'Content-Type: application/json' "
+               "-d '{\"model\": \"" + s.served_model_name + "\", \"messages\": "
+               "[{\"role\": \"user\", \"content\": \"chest pain, short of breath\"}]}'\n"
+               f"  operator page: {url}/ui   metrics: {url}/metrics")
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, access_log=False)
+
+
+def _ensure_predictors(s) -> None:
+    """A missing predictor is trained now, with a progress bar (never replaced by a stub)."""
+    from pathlib import Path
+
+    from predictors.model import default_model_dir
+
+    if s.predictors_dir:
+        dirs = [Path(s.predictors_dir) / k for k in ("urgency", "length")]
+    else:
+        dirs = [default_model_dir(k) for k in ("urgency", "length")]
+    if all((d / "triage_meta.json").exists() for d in dirs):
+        return
+    if s.predictors_dir:
+        typer.echo(f"error: no trained predictors under {s.predictors_dir}", err=True)
+        raise typer.Exit(2)
+    typer.echo("The predictors are not trained yet: training them now (once).", err=True)
+    from serving.cli.predictor_cmds import train_all
+
+    train_all(if_missing=True)
+
+
+@keys_app.command("create")
+def keys_create(
+    role: Annotated[str, typer.Option("--role", help="client | operator | auditor | admin")],
+    db: DbOpt = None,
+    name: Annotated[Optional[str], typer.Option(help="a note for people (not secret)")] = None,
+) -> None:
+    """Create an API key; prints the key alone on stdout (it is stored hashed)."""
+    from serving.auth import create_key
+    from serving.db.models import ROLES
+    from serving.db.session import make_engine, upgrade
+
+    if role not in ROLES:
+        typer.echo(f"error: unknown role {role!r}; roles: {', '.join(ROLES)}", err=True)
+        raise typer.Exit(2)
+    s = _settings(db_url=db)
+    url = s.resolved_db_url()
+    upgrade(url)
+    eng = make_engine(url)
+    try:
+        key = create_key(eng, role, name)
+    finally:
+        eng.dispose()
+    sys.stdout.write(key + "\n")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Apply the Alembic migrations (alembic upgrade head)."""
+    from serving.db.session import upgrade
+
+    url = _settings(db_url=db).resolved_db_url()
+    upgrade(url)
+    typer.echo("database at head")
+
+
+@db_app.command("check")
+def db_check(db: DbOpt = None) -> None:
+    """Compare the database schema with the models (exit 1 on any difference)."""
+    from serving.db.session import schema_diff
+
+    diff = schema_diff(_settings(db_url=db).resolved_db_url())
+    if diff:
+        for d in diff:
+            typer.echo(repr(d))
+        raise typer.Exit(1)
+    typer.echo("schema equals the models")

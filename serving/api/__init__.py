@@ -1,0 +1,1 @@
+"""HTTP routers, one per resource: openai (v1), admin (operators), audit (auditors), health."""

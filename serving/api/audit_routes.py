@@ -1,0 +1,149 @@
+"""Auditors: per-level latency report (JSON or CSV), one request's record, chain check."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from datetime import datetime
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from serving.api.errors import APIError
+from serving.auth import AuditorKey
+from serving.db.models import AuditEventRow, RelabelRow, RequestRow
+from serving.db.writer import verify
+
+router = APIRouter(prefix="/audit", tags=["auditors"])
+
+GROUPS = {"level": RequestRow.effective_level, "predicted_level": RequestRow.predicted_level,
+          "outcome": RequestRow.outcome, "instance": RequestRow.instance}
+
+
+def parse_time(v: str | None, name: str) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise APIError(400, f"{name} must be ISO 8601 or UNIX seconds, got {v!r}", param=name) from None
+    if dt.tzinfo is None:
+        raise APIError(400, f"{name} needs a time zone (e.g. 2026-01-01T00:00:00Z)", param=name)
+    return dt.timestamp()
+
+
+def _pct(a: list[float], q: float) -> float | None:
+    return round(float(np.percentile(a, q)), 6) if a else None
+
+
+def latency_report(rows, group_by: str) -> list[dict]:
+    by: dict = defaultdict(list)
+    for r in rows:
+        by[getattr(r, group_by if group_by != "level" else "effective_level")].append(r)
+    out = []
+    for key in sorted(by, key=lambda k: (k is None, k)):
+        rs = by[key]
+        served = [r for r in rs if r.outcome in ("ok", "length")]
+        ttft = [r.ttft for r in rs if r.ttft is not None]
+        tpot = [r.mean_tpot for r in rs if r.mean_tpot is not None]
+        max_tpot = [r.max_tpot for r in rs if r.max_tpot is not None]
+        ideal = sum(r.tdg_ideal or 0.0 for r in rs)
+        out.append({
+            group_by: key, "count": len(rs), "served": len(served),
+            "shed": sum(r.outcome == "shed" for r in rs), "aborted": sum(r.outcome == "aborted" for r in rs),
+            "slo_attainment": round(sum(bool(r.slo_met) for r in rs) / len(rs), 6),
+            "tdg_ratio": round(sum(r.tdg_gain or 0.0 for r in rs) / ideal, 6) if ideal else None,
+            "ttft_p50": _pct(ttft, 50), "ttft_p95": _pct(ttft, 95), "ttft_p99": _pct(ttft, 99),
+            "tpot_p50": _pct(tpot, 50), "tpot_p95": _pct(tpot, 95), "tpot_p99": _pct(tpot, 99),
+            "max_tpot_p99": _pct(max_tpot, 99),
+            "relabelled": sum(r.override_level is not None for r in rs),
+        })
+    return out
+
+
+@router.get("/latency")
+async def latency(request: Request, _: AuditorKey,
+                  group_by: Literal["level", "predicted_level", "outcome", "instance"] = "level",
+                  since: str | None = None, until: str | None = None,
+                  format: Literal["json", "csv"] = Query("json")):
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    app = request.app
+
+    def load():
+        app.state.writer.sync(5.0)
+        q = select(RequestRow)
+        if t0 is not None:
+            q = q.where(RequestRow.arrival >= t0)
+        if t1 is not None:
+            q = q.where(RequestRow.arrival < t1)
+        with Session(app.state.db) as s:
+            return list(s.scalars(q))
+
+    try:
+        rows = await run_in_threadpool(load)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    report = latency_report(rows, group_by)
+    if format == "csv":
+        buf = io.StringIO()
+        cols = [group_by] + [k for k in (report[0] if report else {}) if k != group_by] if report else [group_by, "count"]
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        for row in report:
+            w.writerow(row)
+        return Response(buf.getvalue(), media_type="text/csv")
+    return {"group_by": group_by, "since": t0, "until": t1, "requests": len(rows), "groups": report}
+
+
+def _row_dict(obj) -> dict:
+    return {c.key: getattr(obj, c.key) for c in obj.__table__.columns}
+
+
+@router.get("/requests/{request_id}")
+async def audit_request(request: Request, request_id: str, _: AuditorKey) -> dict:
+    app = request.app
+
+    def load():
+        app.state.writer.sync(5.0)
+        with Session(app.state.db) as s:
+            r = s.get(RequestRow, request_id)
+            rel = list(s.scalars(select(RelabelRow).where(RelabelRow.request_id == request_id).order_by(RelabelRow.id)))
+            ev = list(s.scalars(select(AuditEventRow).where(AuditEventRow.request_id == request_id).order_by(AuditEventRow.id)))
+            return r, rel, ev
+
+    try:
+        r, rel, ev = await run_in_threadpool(load)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    if r is None:
+        if request_id in app.state.frontend.jobs:
+            raise APIError(404, f"request {request_id!r} is still live; its record is written when it finishes")
+        raise APIError(404, f"no request {request_id!r}")
+    return {"request": _row_dict(r), "relabels": [_row_dict(x) for x in rel],
+            "events": [{**_row_dict(e), "payload": json.loads(e.payload)} for e in ev]}
+
+
+@router.get("/verify")
+async def audit_verify(request: Request, _: AuditorKey):
+    app = request.app
+
+    def run():
+        app.state.writer.sync(5.0)
+        return verify(app.state.db)
+
+    try:
+        res = await run_in_threadpool(run)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    res["spooled_pending"] = app.state.writer.spool_lines()
+    return JSONResponse(res, status_code=200 if res["ok"] else 409)

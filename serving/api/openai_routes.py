@@ -1,0 +1,209 @@
+"""OpenAI-compatible endpoints plus /v1/triage (classification only)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from serving.api.errors import APIError
+from serving.api.schemas import ChatCompletionRequest, CompletionRequest, TriageRequest
+from serving.auth import ClientKey, Principal
+from serving.loop import Job, Shed, new_request_id
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.get("/models")
+async def list_models(request: Request, _: ClientKey) -> dict:
+    s = request.app.state.settings
+    return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": 0,
+                                        "owned_by": "triage", "max_model_len": request.app.state.backend.max_model_len}]}
+
+
+async def _classify(request: Request, text: str):
+    try:
+        return await request.app.state.predictor.classify(text)
+    except Exception as e:   # the predictor is part of the request path: say so, do not guess a level
+        raise APIError(503, f"the urgency predictor failed: {type(e).__name__}") from None
+
+
+@router.post("/triage")
+async def triage(request: Request, body: TriageRequest, _: ClientKey) -> dict:
+    if (body.text is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of 'text' or 'messages'", param="text")
+    text = body.text if body.text is not None else "\n".join(m.text() for m in body.messages if m.role == "user")
+    p = await _classify(request, text)
+    classes = request.app.state.frontend.classes
+    c = classes.get(p.level)
+    return {"level": p.level, "predicted_level": p.predicted_level, "probs": [round(x, 4) for x in p.probs],
+            "length_bucket": p.length_bucket, "length_tokens_estimate": p.length_tokens_estimate,
+            "reasons": list(getattr(p, "reasons", ()) or ()), "class": {"name": c.name, "ttft_s": c.ttft, "tpot_s": c.tpot}}
+
+
+async def _submit(request: Request, principal: Principal, body, endpoint: str, prompt: str, classify_text: str,
+                  max_tokens: int | None) -> Job:
+    app = request.app
+    s = app.state.settings
+    fe = app.state.frontend
+    backend = app.state.backend
+    if body.model is not None and body.model != s.served_model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {s.served_model_name!r}",
+                       param="model", code="model_not_found")
+    if body.priority is not None and body.priority not in fe.classes.classes:
+        raise APIError(400, f"invalid priority {body.priority}; levels are {list(fe.classes.levels)}", param="priority")
+    n_prompt = backend.count_tokens(prompt)
+    ctx = backend.max_model_len
+    if n_prompt >= ctx:
+        raise APIError(400, f"the prompt has {n_prompt} tokens; this model's context is {ctx} tokens "
+                            "(prompt plus output)", param="messages" if endpoint == "chat" else "prompt",
+                       code="context_length_exceeded")
+    if max_tokens is not None and n_prompt + max_tokens > ctx:
+        raise APIError(400, f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context of "
+                            f"{ctx} tokens", param="max_tokens", code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(s.default_max_tokens, ctx - n_prompt)
+    pred = await _classify(request, classify_text)
+    override = body.priority if (body.priority is not None and principal.can("operator")) else None
+    level = override if override is not None else pred.level
+    if level not in fe.classes.classes:
+        raise APIError(503, f"predictor returned level {level}, which the class table lacks")
+    ttft, tpot = fe.slo_for(level)
+    custom = False
+    if body.slo is not None:
+        if body.slo.ttft_ms is not None:
+            ttft, custom = body.slo.ttft_ms / 1000.0, True
+        if body.slo.tpot_ms is not None:
+            tpot, custom = body.slo.tpot_ms / 1000.0, True
+    job = Job(id=new_request_id(), seq=fe.next_seq(), endpoint=endpoint, prompt=prompt, prompt_tokens=n_prompt,
+              max_tokens=max_tokens, prediction=pred, ttft_slo=ttft, tpot_slo=tpot, key_id=principal.key_id,
+              client_request_id=body.client_request_id, model=s.served_model_name, override_level=override,
+              custom_slo=custom, store_prompt=s.store_prompts,
+              params={"temperature": body.temperature, "top_p": body.top_p, "stop": body.stops(), "seed": body.seed})
+    fe.submit(job)
+    return job
+
+
+async def _first(job: Job, request: Request):
+    fe = request.app.state.frontend
+    try:
+        ev = await job.events.get()
+    except asyncio.CancelledError:
+        await fe.cancel(job)
+        raise
+    if isinstance(ev, Shed):
+        raise APIError(429, str(ev), code="queue_full", headers={"Retry-After": str(ev.retry_after)})
+    if isinstance(ev, Exception):
+        raise APIError(503, f"the backend failed: {type(ev).__name__}")
+    return ev
+
+
+def _finish_reason(ev) -> str | None:
+    if not ev.finished:
+        return None
+    return "length" if ev.finish_reason == "length" else ("stop" if ev.finish_reason in (None, "stop", "eos") else ev.finish_reason)
+
+
+def _usage(job: Job) -> dict:
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.output_tokens,
+            "total_tokens": job.prompt_tokens + job.output_tokens}
+
+
+async def _events(job: Job, first) -> AsyncIterator:
+    ev = first
+    while True:
+        if isinstance(ev, Exception):
+            raise ev
+        yield ev
+        if ev.finished:
+            return
+        ev = await job.events.get()
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _respond(request: Request, job: Job, body, chat: bool):
+    first = await _first(job, request)
+    created = int(job.arrival)
+    model = job.model
+    fe = request.app.state.frontend
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def gen():
+            done = False
+            try:
+                if chat:
+                    yield _sse({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": model,
+                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}], "triage": job.triage()})
+                async for ev in _events(job, first):
+                    fr = _finish_reason(ev)
+                    if chat:
+                        choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "finish_reason": fr}
+                        obj = "chat.completion.chunk"
+                    else:
+                        choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": fr}
+                        obj = "text_completion"
+                    yield _sse({"id": job.id, "object": obj, "created": created, "model": model, "choices": [choice],
+                                "triage": job.triage()})
+                done = True
+                if include_usage:
+                    yield _sse({"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion",
+                                "created": created, "model": model, "choices": [], "usage": _usage(job),
+                                "triage": job.triage()})
+                yield b"data: [DONE]\n\n"
+            except Exception as e:
+                yield _sse({"error": {"message": f"generation failed: {type(e).__name__}", "type": "server_error",
+                                      "param": None, "code": None}})
+            finally:
+                if not done:
+                    await fe.cancel(job)
+
+        return StreamingResponse(gen(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Triage-Request-Id": job.id,
+                                          "X-Triage-Level": str(job.level)})
+    parts: list[str] = []
+    last = first
+    try:
+        async for ev in _events(job, first):
+            parts.append(ev.text)
+            last = ev
+    except asyncio.CancelledError:
+        await fe.cancel(job)
+        raise
+    except Exception as e:
+        raise APIError(503, f"generation failed: {type(e).__name__}") from None
+    text = "".join(parts)
+    fr = _finish_reason(last) or "stop"
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": fr, "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": fr, "logprobs": None}
+        obj = "text_completion"
+    return JSONResponse({"id": job.id, "object": obj, "created": created, "model": model, "choices": [choice],
+                         "usage": _usage(job), "triage": job.triage()},
+                        headers={"X-Triage-Request-Id": job.id, "X-Triage-Level": str(job.level)})
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest, principal: ClientKey):
+    backend = request.app.state.backend
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    prompt = backend.render_chat(messages)
+    user_text = "\n".join(m["content"] for m in messages if m["role"] == "user")
+    job = await _submit(request, principal, body, "chat", prompt, user_text,
+                        body.max_completion_tokens or body.max_tokens)
+    return await _respond(request, job, body, chat=True)
+
+
+@router.post("/completions")
+async def completions(request: Request, body: CompletionRequest, principal: ClientKey):
+    job = await _submit(request, principal, body, "completion", body.prompt, body.prompt, body.max_tokens)
+    return await _respond(request, job, body, chat=False)

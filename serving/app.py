@@ -1,0 +1,256 @@
+"""The FastAPI application: `create_app(settings)`; everything starts in the lifespan.
+
+Start-up order: database schema (alembic upgrade head) -> keys (first start: one admin
+and one client key, printed once on stdout) -> class table (latest version in the
+database, else data/priority_classes.toml as version 1) -> audit writer -> predictors
+-> backend -> front-end loop. Shutdown runs it backwards and drains the writer.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.api.errors import APIError, error_response
+from serving.auth import AuthError
+from serving.settings import Settings
+
+log = logging.getLogger("serving")
+
+STATIC = Path(__file__).parent / "static"
+
+
+class BodyLimit:
+    """Pure ASGI middleware: refuse bodies over `limit` bytes with 413 (header or stream)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                return await error_response(413, f"request body over {self.limit} bytes")(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await error_response(413, f"request body over {self.limit} bytes")(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errs = exc.errors()
+    if not errs:
+        return "invalid request", None
+    e = errs[0]
+    if e.get("type") == "json_invalid":
+        return "malformed JSON body", None
+    loc = [str(x) for x in e.get("loc", []) if x != "body"]
+    param = ".".join(loc) or None
+    if e.get("type") == "extra_forbidden":
+        return f"unknown field {param!r}", param
+    if e.get("type") == "missing" and not loc:
+        return "a JSON body is required", None
+    msg = e.get("msg", "invalid value")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def create_app(settings: Settings | None = None, *, predictor: Any = None) -> FastAPI:
+    """Build the app. `predictor` replaces the real PredictorService (unit tests only)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        s = app.state.settings = settings or Settings()
+        await _startup(app, s, predictor)
+        try:
+            yield
+        finally:
+            await _shutdown(app)
+
+    app = FastAPI(title="Triage", version="0.1.0", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError):
+        return error_response(e.status, e.message, param=e.param, code=e.code, headers=e.headers)
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(_: Request, e: AuthError):
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return error_response(e.status, e.message, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError):
+        msg, param = _validation_message(e)
+        return error_response(400, msg, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException):
+        return error_response(e.status_code, str(e.detail))
+
+    from serving.api import admin_routes, audit_routes, openai_routes
+
+    app.include_router(openai_routes.router)
+    app.include_router(admin_routes.router)
+    app.include_router(audit_routes.router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(request: Request):
+        from fastapi.concurrency import run_in_threadpool
+
+        from serving.db.session import ping
+
+        st = request.app.state
+        engine_ok = bool(getattr(st, "backend", None) and st.backend.ready)
+        db_ok = await run_in_threadpool(ping, st.db) if getattr(st, "db", None) is not None else False
+        body = {"ready": engine_ok and db_ok, "engine": engine_ok, "database": db_ok,
+                "audit_spool": st.writer.spool_lines() if getattr(st, "writer", None) else None}
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics(request: Request):
+        m = request.app.state.metrics
+        m.audit_spool.set(request.app.state.writer.spool_lines())
+        m.db_up.set(1 if request.app.state.writer.db_ok else 0)
+        return Response(m.render(), media_type="text/plain; version=0.0.4")
+
+    if STATIC.is_dir():
+        from fastapi.responses import FileResponse
+
+        @app.get("/ui", include_in_schema=False)
+        async def ui():
+            return FileResponse(STATIC / "index.html")
+
+    # the body limit reads settings at start-up through a late-bound wrapper
+    class _LateBodyLimit:
+        def __init__(self, inner):
+            self.inner = inner
+            self.mw = None
+
+        async def __call__(self, scope, receive, send):
+            if self.mw is None:
+                s = getattr(app.state, "settings", None)
+                if s is None:   # lifespan and anything before it
+                    return await self.inner(scope, receive, send)
+                self.mw = BodyLimit(self.inner, s.max_body_bytes)
+            return await self.mw(scope, receive, send)
+
+    app.add_middleware(_LateBodyLimit)
+    return app
+
+
+async def _startup(app: FastAPI, s: Settings, predictor: Any) -> None:
+    from serving.auth import KeyStore, count_keys, create_key
+    from serving.backends import make_backend
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record
+    from serving.loop import Frontend
+    from serving.metrics import Metrics
+
+    import asyncio
+
+    app.state.loop = asyncio.get_running_loop()
+    url = s.resolved_db_url()
+    upgrade(url)
+    db = app.state.db = make_engine(url)
+    app.state.keys = KeyStore(db)
+    metrics = app.state.metrics = Metrics()
+    if s.bootstrap_keys and count_keys(db) == 0:
+        admin, client = create_key(db, "admin", "bootstrap"), create_key(db, "client", "bootstrap")
+        # printed once, on stdout only: never logged, never shown again
+        sys.stdout.write("First start: created API keys (shown only now; store them):\n"
+                         f"  admin  {admin}\n  client {client}\n")
+        sys.stdout.flush()
+    classes, stored = _load_classes(db, s)
+    writer = app.state.writer = AuditWriter(
+        db, s.resolved_spool_path(), batch=s.writer_batch, interval_s=s.writer_interval_s, retry_s=s.db_retry_s,
+        on_state=lambda state, n: metrics.db_up.set(1 if state == "ok" else 0)).start()
+    if not stored:
+        import time
+
+        rows = [{"version": classes.version, "level": c["level"], "name": c["name"], "weight": c["weight"],
+                 "ttft": c["ttft"], "tpot": c["tpot"], "w_first": classes.w_first, "w_decode": classes.w_decode,
+                 "actor": "system", "created": time.time()} for c in classes.to_dict()["classes"]]
+        writer.submit(Record("classes.loaded", time.time(), "system", None, classes.to_dict(), "priority_classes", rows))
+    if predictor is None:
+        predictor = await _start_predictor(s)
+        app.state.own_predictor = True
+    app.state.predictor = predictor
+    backend = app.state.backend = make_backend(s, classes, metrics)
+    await backend.start()
+    fe = app.state.frontend = Frontend(backend, classes, writer, metrics, max_queue=s.max_queue,
+                                       max_inflight=s.max_inflight, retry_after_s=s.retry_after_s)
+    await fe.start()
+    log.info("triage service ready: backend %s, database %s, classes v%d", backend.name,
+             db.url.render_as_string(hide_password=True), classes.version)
+
+
+async def _start_predictor(s: Settings):
+    from predictors.service import PredictorService
+
+    d = Path(s.predictors_dir) if s.predictors_dir else None
+    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads,
+                           urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None)
+    try:
+        await svc.start()
+    except FileNotFoundError as e:
+        raise RuntimeError(f"the predictors are not trained ({e}); run `triage train all` "
+                           "(`triage serve` does it on first start)") from None
+    return svc
+
+
+def _load_classes(db, s: Settings):
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from serving.db.models import PriorityClassRow
+    from triage.classes import PriorityClass, PriorityClasses, load_classes
+
+    with Session(db) as sess:
+        v = sess.scalar(select(func.max(PriorityClassRow.version)))
+        if v is not None:
+            rows = list(sess.scalars(select(PriorityClassRow).where(PriorityClassRow.version == v)))
+            cls = PriorityClasses({r.level: PriorityClass(r.level, r.name, r.weight, r.ttft, r.tpot) for r in rows},
+                                  v, rows[0].w_first, rows[0].w_decode)
+            return cls, True
+    return load_classes(s.classes_file), False
+
+
+async def _shutdown(app: FastAPI) -> None:
+    st = app.state
+    if getattr(st, "frontend", None):
+        await st.frontend.stop()
+    if getattr(st, "backend", None):
+        await st.backend.stop()
+    if getattr(st, "own_predictor", False):
+        await st.predictor.close()
+    if getattr(st, "writer", None):
+        st.writer.stop(10.0)
+    if getattr(st, "db", None) is not None:
+        st.db.dispose()

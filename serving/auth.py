@@ -1,0 +1,127 @@
+"""API keys and roles.
+
+A key is `tri_<id>_<secret>`; the table stores the id, the role, a random salt and
+sha256(salt + key). Keys are checked in constant time and never logged; a verified key's
+role is cached in memory under the key's hash only.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Annotated, Callable
+
+from fastapi import Depends, Request
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from serving.db.models import ROLES, ApiKeyRow
+
+# what each role may do; admin may do everything
+ROLE_GRANTS = {
+    "client": {"client"},
+    "operator": {"client", "operator"},
+    "auditor": {"auditor"},
+    "admin": {"client", "operator", "auditor", "admin"},
+}
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    role: str
+
+    def can(self, need: str) -> bool:
+        return need in ROLE_GRANTS.get(self.role, set())
+
+    @property
+    def actor(self) -> str:
+        return f"{self.role}:{self.key_id}"
+
+
+def _hash(salt: str, key: str) -> str:
+    return hashlib.sha256((salt + key).encode()).hexdigest()
+
+
+def create_key(engine: Engine, role: str, name: str | None = None) -> str:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    kid = secrets.token_hex(6)
+    key = f"tri_{kid}_{secrets.token_urlsafe(32)}"
+    salt = secrets.token_hex(16)
+    with Session(engine) as s, s.begin():
+        s.add(ApiKeyRow(id=kid, role=role, name=name, salt=salt, hash=_hash(salt, key),
+                        created_at=datetime.now(timezone.utc), revoked=False))
+    return key
+
+
+def count_keys(engine: Engine) -> int:
+    with Session(engine) as s:
+        return int(s.scalar(select(func.count()).select_from(ApiKeyRow)) or 0)
+
+
+class KeyStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cache: dict[str, Principal] = {}
+        self._lock = threading.Lock()
+
+    def check(self, key: str) -> Principal:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        with self._lock:
+            p = self._cache.get(digest)
+        if p is not None:
+            return p
+        parts = key.split("_")
+        if len(parts) < 3 or parts[0] != "tri":
+            raise AuthError(401, "invalid API key")
+        kid = parts[1]
+        try:
+            with Session(self.engine) as s:
+                row = s.get(ApiKeyRow, kid)
+        except Exception:
+            raise AuthError(503, "key store unavailable (database unreachable) and key not cached") from None
+        # compare even when the row is missing so timing says nothing about ids
+        salt, stored = (row.salt, row.hash) if row else ("x" * 32, "0" * 64)
+        ok = hmac.compare_digest(_hash(salt, key), stored)
+        if not ok or row is None or row.revoked:
+            raise AuthError(401, "invalid API key")
+        p = Principal(kid, row.role)
+        with self._lock:
+            self._cache[digest] = p
+        return p
+
+
+def bearer(request: Request) -> str:
+    h = request.headers.get("authorization", "")
+    scheme, _, token = h.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError(401, "missing API key: send 'Authorization: Bearer KEY'")
+    return token.strip()
+
+
+def require(role: str) -> Callable[[Request], Principal]:
+    def dep(request: Request) -> Principal:
+        p = request.app.state.keys.check(bearer(request))
+        if not p.can(role):
+            raise AuthError(403, f"this key's role ({p.role}) may not use this endpoint (needs {role})")
+        return p
+
+    dep.__name__ = f"require_{role}"
+    return dep
+
+
+ClientKey = Annotated[Principal, Depends(require("client"))]
+OperatorKey = Annotated[Principal, Depends(require("operator"))]
+AuditorKey = Annotated[Principal, Depends(require("auditor"))]

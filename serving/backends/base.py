@@ -1,0 +1,75 @@
+"""The backend interface the front-end loop drives.
+
+A backend receives requests the front-end admitted (already classified and ordered) and
+streams `TokenEvent`s back; which request runs in each engine step is decided inside the
+backend by the engine-level policy. Relabels and class edits take effect at its next
+step. A backend never decides the admission order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol, runtime_checkable
+
+from triage.classes import PriorityClasses
+
+
+@dataclass
+class TokenEvent:
+    """Same fields as `serving.engine.TokenEvent` (the vLLM backend passes those through)."""
+
+    request_id: str
+    text: str                       # new text since the previous event
+    token_ids: list[int]            # new token ids since the previous event
+    time: float
+    finished: bool = False
+    finish_reason: str | None = None   # stop | length | abort
+    prompt_tokens: int = 0
+    output_tokens: int = 0          # cumulative
+    preemptions: int = 0
+
+
+@dataclass
+class GenRequest:
+    request_id: str
+    prompt: str
+    max_tokens: int
+    level: int
+    ttft_slo: float
+    tpot_slo: float
+    predicted_output_len: int
+    arrival: float                  # time.time() of arrival at the front-end
+    prompt_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    instance: str
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def render_chat(self, messages: list[dict]) -> str: ...
+
+    def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def relabel(self, request_id: str, level: int) -> None: ...
+
+    async def set_classes(self, classes: PriorityClasses) -> None: ...
+
+    def step_stats(self) -> dict: ...

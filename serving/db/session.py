@@ -1,0 +1,77 @@
+"""Engines and sessions for SQLite (default) and PostgreSQL; schema via Alembic."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_engine(url: str, *, busy_timeout_s: float = 2.0) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        eng = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+
+        @event.listens_for(eng, "connect")
+        def _pragmas(dbapi_conn, _rec):  # pragma: no cover - trivial
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return eng
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                         connect_args={"connect_timeout": 3})
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config(str(REPO_ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str) -> None:
+    """`alembic upgrade head` on `url` (the only way the schema changes)."""
+    from alembic import command
+
+    url_dir = url.split("///", 1)[-1] if url.startswith("sqlite") else None
+    if url_dir:
+        Path(url_dir).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), "head")
+
+
+def schema_diff(url: str) -> list:
+    """Autogenerate's comparison of the database at `url` with the models ([] = equal)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from serving.db.models import Base
+
+    eng = make_engine(url)
+    try:
+        with eng.connect() as conn:
+            mc = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+            return compare_metadata(mc, Base.metadata)
+    finally:
+        eng.dispose()
+
+
+def ping(engine: Engine) -> bool:
+    try:
+        with engine.connect() as c:
+            c.execute(text("SELECT 1"))
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,248 @@
+"""Batched audit writer: off the request path, never drops a record.
+
+    writer.submit(Record(...))      # from the event loop: O(1), never blocks on the database
+    writer.sync(timeout)            # wait until everything submitted so far is written or spooled
+
+A background thread takes records off a queue and writes them in batches, one
+transaction per batch (table row + its hash-chained audit event). If the database
+errors, the batch is appended to a spool file (JSON lines, fsync'd) and from then on
+everything goes to the spool, in order, until a replay succeeds: the whole spool is
+written in one transaction and then truncated. Replays are idempotent for request rows
+(a row whose id already exists is skipped with its event), so a crash between commit and
+truncate cannot duplicate them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy import insert, select, text
+from sqlalchemy.engine import Engine
+
+from serving.db.chain import GENESIS, canonical, event_hash, row_digest
+from serving.db.models import AuditEventRow, PriorityClassRow, RelabelRow, RequestRow
+
+log = logging.getLogger(__name__)
+
+TABLES = {"requests": RequestRow, "relabels": RelabelRow, "priority_classes": PriorityClassRow}
+
+
+@dataclass
+class Record:
+    """One audit event, optionally with the table rows it seals."""
+
+    kind: str                       # request.finished | relabel | classes.updated | key.created | ...
+    at: float
+    actor: str | None = None
+    request_id: str | None = None
+    payload: dict = field(default_factory=dict)
+    table: str | None = None        # requests | relabels | priority_classes
+    rows: list[dict] = field(default_factory=list)
+
+
+class AuditWriter:
+    def __init__(self, engine: Engine, spool_path: Path, *, batch: int = 200, interval_s: float = 0.2,
+                 retry_s: float = 1.0, on_state: Callable[[str, int], None] | None = None) -> None:
+        self.engine = engine
+        self.spool_path = Path(spool_path)
+        self.batch, self.interval_s, self.retry_s = batch, interval_s, retry_s
+        self.on_state = on_state or (lambda state, n: None)
+        self._q: queue.Queue = queue.Queue()
+        self._cv = threading.Condition()
+        self._submitted = 0
+        self._done = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._next_retry = 0.0
+        self.db_ok = True
+        self.written = 0
+        self.spooled = 0
+        self.replays = 0
+        self._is_pg = engine.dialect.name == "postgresql"
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "AuditWriter":
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.spool_lines() > 0:
+            log.warning("audit spool %s holds %d records from an earlier run; replaying", self.spool_path, self.spool_lines())
+        self._thread = threading.Thread(target=self._run, name="triage-audit-writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread is None:
+            return
+        self.sync(timeout)
+        self._stop.set()
+        self._q.put(None)
+        self._thread.join(timeout)
+        self._thread = None
+
+    # --- API -------------------------------------------------------------------------------
+    def submit(self, rec: Record) -> None:
+        with self._cv:
+            self._submitted += 1
+        self._q.put(rec)
+
+    def sync(self, timeout: float = 10.0) -> bool:
+        """Wait until every record submitted so far is written or spooled."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            target = self._submitted
+            while self._done < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def spool_lines(self) -> int:
+        try:
+            with self.spool_path.open("rb") as f:
+                return sum(1 for _ in f)
+        except FileNotFoundError:
+            return 0
+
+    # --- worker ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            items: list[Record] = []
+            try:
+                first = self._q.get(timeout=self.interval_s)
+                if first is not None:
+                    items.append(first)
+                while len(items) < self.batch:
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is not None:
+                        items.append(nxt)
+            except queue.Empty:
+                pass
+            self._handle(items)
+            with self._cv:
+                self._done += len(items)
+                self._cv.notify_all()
+            if self._stop.is_set() and self._q.empty():
+                return
+
+    def _handle(self, items: list[Record]) -> None:
+        spool_has = self.spool_path.exists() and self.spool_path.stat().st_size > 0
+        if spool_has:
+            if items:
+                self._append_spool(items)
+            if time.monotonic() >= self._next_retry:
+                self._replay()
+            return
+        if not items:
+            return
+        try:
+            self._write(items)
+            self.written += len(items)
+            self._set_ok(True)
+        except Exception as e:
+            log.warning("audit database write failed (%s); spooling %d records to %s", type(e).__name__, len(items), self.spool_path)
+            self._append_spool(items)
+            self._set_ok(False)
+            self._next_retry = time.monotonic() + self.retry_s
+
+    def _set_ok(self, ok: bool) -> None:
+        if ok != self.db_ok:
+            self.db_ok = ok
+            log.warning("audit database %s", "reachable again" if ok else "unreachable")
+        self.on_state("ok" if ok else "spooling", self.spool_lines() if not ok else 0)
+
+    def _append_spool(self, items: list[Record]) -> None:
+        with self.spool_path.open("a", encoding="utf-8") as f:
+            for r in items:
+                f.write(json.dumps(asdict(r), separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.spooled += len(items)
+
+    def _replay(self) -> None:
+        try:
+            with self.spool_path.open(encoding="utf-8") as f:
+                recs = [Record(**json.loads(line)) for line in f if line.strip()]
+        except FileNotFoundError:
+            return
+        try:
+            self._write(recs)   # one transaction: all or nothing
+        except Exception as e:
+            log.warning("audit spool replay failed (%s); %d records wait in %s", type(e).__name__, len(recs), self.spool_path)
+            self._set_ok(False)
+            self._next_retry = time.monotonic() + self.retry_s
+            return
+        tmp = self.spool_path.with_suffix(".tmp")
+        tmp.write_text("")
+        os.replace(tmp, self.spool_path)
+        self.replays += 1
+        self.written += len(recs)
+        log.warning("audit spool replayed: %d records written", len(recs))
+        self._set_ok(True)
+
+    def _write(self, items: list[Record]) -> None:
+        with self.engine.begin() as conn:
+            if self._is_pg:
+                conn.execute(text("SELECT pg_advisory_xact_lock(742617)"))
+            last = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar()
+            prev = last or GENESIS
+            req_ids = [row["id"] for r in items if r.table == "requests" for row in r.rows]
+            existing = set()
+            if req_ids:
+                existing = set(conn.execute(select(RequestRow.id).where(RequestRow.id.in_(req_ids))).scalars())
+            for r in items:
+                payload = dict(r.payload)
+                if r.table:
+                    if r.table == "requests" and any(row["id"] in existing for row in r.rows):
+                        continue   # already written by an earlier (interrupted) replay
+                    model = TABLES[r.table]
+                    conn.execute(insert(model), r.rows)
+                    if r.table in ("requests", "relabels"):
+                        payload["row_sha256"] = [row_digest(row) for row in r.rows]
+                body = canonical(payload)
+                h = event_hash(prev, r.at, r.kind, r.actor, r.request_id, body)
+                conn.execute(insert(AuditEventRow).values(at=round(r.at, 6), kind=r.kind, actor=r.actor,
+                                                          request_id=r.request_id, payload=body, prev_hash=prev, hash=h))
+                prev = h
+
+
+def verify(engine: Engine) -> dict[str, Any]:
+    """Recompute the chain and check that every sealed row is unchanged and present."""
+    from serving.db.chain import verify_events
+
+    with engine.connect() as conn:
+        events = conn.execute(select(AuditEventRow).order_by(AuditEventRow.id)).all()
+        ok, n, problem = verify_events(events)
+        if not ok:
+            return {"ok": False, "events": n, "problem": problem}
+        sealed: dict[str, list[str]] = {"requests": [], "relabels": []}
+        kinds = {"request.finished": "requests", "relabel": "relabels"}
+        for e in events:
+            t = kinds.get(e.kind)
+            if t:
+                sealed[t].extend(json.loads(e.payload).get("row_sha256", []))
+        for table, model in (("requests", RequestRow), ("relabels", RelabelRow)):
+            cols = [c.key for c in model.__table__.columns]
+            digests = []
+            for row in conn.execute(select(model)).mappings():
+                d = {c: row[c] for c in cols}
+                if table == "relabels":
+                    d.pop("id")
+                digests.append(row_digest(d))
+            want = sorted(sealed[table])
+            got = sorted(digests)
+            if want != got:
+                missing = len(set(want) - set(got))
+                extra = len(set(got) - set(want))
+                return {"ok": False, "events": n,
+                        "problem": f"{table}: {missing} sealed rows altered or missing, {extra} rows not sealed by an audit event"}
+        return {"ok": True, "events": n, "problem": None}

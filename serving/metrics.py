@@ -1,0 +1,31 @@
+"""Prometheus metrics, one registry per app (so tests can run several apps in a process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.queue_depth = Gauge("triage_queue_depth", "Requests waiting in the admission queue", ["level"], registry=r)
+        self.inflight = Gauge("triage_inflight", "Requests handed to the backend", ["level"], registry=r)
+        self.queue_time = Histogram("triage_queue_time_seconds", "Time in the admission queue", ["level"],
+                                    buckets=LAT_BUCKETS, registry=r)
+        self.ttft = Histogram("triage_ttft_seconds", "Time to first token", ["level"], buckets=LAT_BUCKETS, registry=r)
+        self.tpot = Histogram("triage_tpot_seconds", "Time per output token (each gap)", ["level"],
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.requests = Counter("triage_requests_total", "Finished requests by outcome", ["level", "outcome"], registry=r)
+        self.relabels = Counter("triage_relabels_total", "Operator relabels", ["level"], registry=r)
+        self.shed = Counter("triage_shed_total", "Requests shed by admission control", ["level"], registry=r)
+        self.step_time = Histogram("triage_engine_step_seconds", "Engine step time", buckets=LAT_BUCKETS, registry=r)
+        self.estimator_error = Histogram("triage_estimator_relative_error", "|T_real - T_pred| / T_real per step",
+                                         buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2), registry=r)
+        self.audit_spool = Gauge("triage_audit_spool_records", "Audit records waiting in the spool file", registry=r)
+        self.db_up = Gauge("triage_database_up", "1 when the audit database accepts writes", registry=r)
+        self.db_up.set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,106 @@
+"""The service's one settings class (environment `TRIAGE_*`, or keyword arguments).
+
+Read at start-up (`Settings()` inside `create_app`/`serve`), never at import. It refuses
+unsafe combinations instead of silently running with them:
+
+* binding a non-loopback address needs `allow_public=true` (keys travel in clear text
+  unless a TLS proxy sits in front; say so explicitly);
+* an in-memory SQLite database would lose the audit trail on exit: refused;
+* queue bounds, body limits, SLOs and timings must be positive.
+"""
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class UnsafeSettings(ValueError):
+    pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRIAGE_", extra="forbid", validate_default=True)
+
+    # where and what
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    allow_public: bool = False
+    backend: Literal["vllm", "simulated"] = "vllm"
+    profile: str = "a5000-qwen1.5-7b"          # latency profile of the simulated backend
+    policy: str = "triage"                     # the engine-level policy (both backends)
+    model: str | None = None                   # served model dir (vllm); default: SmolLM2 in the state dir
+    served_model_name: str = "smollm2-135m-instruct"
+    max_model_len: int = Field(2048, gt=0)
+    max_num_seqs: int = Field(32, gt=0)
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    kv_cache_gib: float = Field(1.0, gt=0)
+    sim_speed: float = Field(1.0, gt=0)        # simulated seconds per wall second
+    sim_seed: int = 0
+    classes_file: Path | None = None           # default: data/priority_classes.toml
+
+    # database
+    db_url: str | None = None                  # default: sqlite:///<state dir>/triage.db
+    spool_path: Path | None = None             # default: <state dir>/audit-spool.jsonl
+    store_prompts: bool = False
+    writer_batch: int = Field(200, gt=0)
+    writer_interval_s: float = Field(0.2, gt=0)
+    db_retry_s: float = Field(1.0, gt=0)
+
+    # admission
+    max_queue: int = Field(1024, gt=0)          # waiting requests in the front-end queue
+    max_inflight: int = Field(16, gt=0)         # requests handed to the backend at once
+    default_max_tokens: int = Field(256, gt=0)
+    retry_after_s: int = Field(2, gt=0)
+    max_body_bytes: int = Field(1_000_000, gt=0)
+
+    # predictors
+    predictor_strategy: Literal["immediate", "full"] = "immediate"
+    predictor_threads: int = Field(1, gt=0)
+    predictors_dir: Path | None = None          # default: <state dir>/predictors
+
+    # first start
+    bootstrap_keys: bool = True                 # create admin + client keys on an empty key table
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> "Settings":
+        if not _is_loopback(self.host) and not self.allow_public:
+            raise UnsafeSettings(
+                f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
+                "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
+        url = self.resolved_db_url()
+        if url.startswith("sqlite") and (url in ("sqlite://", "sqlite:///:memory:") or ":memory:" in url):
+            raise UnsafeSettings("an in-memory SQLite database loses the audit trail on exit; give a file or a PostgreSQL URL")
+        if not (url.startswith("sqlite") or url.startswith("postgresql")):
+            raise UnsafeSettings(f"unsupported database URL scheme in {url.split(':', 1)[0]!r} (sqlite or postgresql)")
+        return self
+
+    # --- derived ---------------------------------------------------------------------------
+    def resolved_db_url(self) -> str:
+        if self.db_url:
+            url = self.db_url
+            if url.startswith("postgresql://") or url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            return url
+        from triage.paths import state_dir
+
+        return f"sqlite:///{state_dir() / 'triage.db'}"
+
+    def resolved_spool_path(self) -> Path:
+        if self.spool_path:
+            return Path(self.spool_path)
+        from triage.paths import state_dir
+
+        return state_dir() / "audit-spool.jsonl"

@@ -1,11 +1,19 @@
-"""Columnar copy of the waiting queue, kept in step with `EngineState`.
+"""Columnar copies of the waiting and running sets, kept in step with `EngineState`.
 
-Waiting requests do not change while they wait (only a relabel, a class edit or a
-refit of the estimator changes them), so their per-request quantities are stored once
-in numpy columns and policies that look at the whole queue every step (SlideBatching,
-triage) read them without touching a thousand Python objects.
+Policies that look at the whole queue every step (SlideBatching, triage, the seed
+policies) read these numpy columns instead of touching a thousand Python objects.
+A row is written whenever the state changes the request (arrival, admission, every
+step's tokens, preemption, relabel, class edit) — O(1) each — and rows are swap-removed,
+so the row order is arbitrary: sort with `seq` as the final tie-breaker.
+
+Columns: seq, level, deadline (envelope deadline of the next token), last_token (time of
+the last emitted token, NaN before the first), tpot (SLO), need, computed, known,
+wnext (TDG weight of the next token), exec_u (uncorrected time of the whole remaining
+need: the rest of the prefill, or one decode), rem_out (predicted output tokens left).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -13,34 +21,36 @@ from triage.classes import PriorityClasses
 from triage.estimators import LatencyEstimator
 from triage.request import Request
 
-FIELDS = ("seq", "level", "deadline", "need", "computed", "wnext", "exec_u", "known")
+FIELDS = ("seq", "level", "deadline", "last_token", "tpot", "need", "computed", "known", "wnext", "exec_u", "rem_out")
 
 
-class WaitingColumns:
-    def __init__(self, capacity: int = 1024) -> None:
+class RequestColumns:
+    def __init__(self, capacity: int = 256) -> None:
         self.n = 0
-        self.cols = {f: np.zeros(capacity) for f in FIELDS}
+        self._data = np.zeros((capacity, len(FIELDS)))  # row-major: one row per request
         self.reqs: list[Request | None] = [None] * capacity
         self.slot: dict[str, int] = {}
 
+    def __len__(self) -> int:
+        return self.n
+
     def _grow(self) -> None:
-        cap = len(self.reqs) * 2
-        for f, a in self.cols.items():
-            b = np.zeros(cap)
-            b[: self.n] = a[: self.n]
-            self.cols[f] = b
+        cap = self._data.shape[0] * 2
+        data = np.zeros((cap, len(FIELDS)))
+        data[: self.n] = self._data[: self.n]
+        self._data = data
         self.reqs.extend([None] * (cap - len(self.reqs)))
 
     def _write(self, i: int, r: Request, est: LatencyEstimator, classes: PriorityClasses) -> None:
-        c = self.cols
-        c["seq"][i] = r.seq
-        c["level"][i] = r.level
-        c["deadline"][i] = r.next_deadline
-        c["need"][i] = r.need
-        c["computed"][i] = r.computed
-        c["wnext"][i] = classes.token_weight(r.level, r.generated + 1)
-        c["exec_u"][i] = est._request_time(r.need, r.computed) if r.need > 1 else est._request_time(1, r.computed)
-        c["known"][i] = r.known
+        need = r.prompt_len + r.generated - r.computed
+        level = r.level
+        self._data[i] = (
+            r.seq, level, r.arrival + r.ttft_slo + r.generated * r.tpot_slo,
+            r.token_times[-1] if r.token_times else math.nan, r.tpot_slo,
+            need, r.computed, r.prompt_len + r.generated,
+            classes.token_weight(level, r.generated + 1),
+            est._request_time(need, r.computed), max(1, r.predicted_output_len - r.generated),
+        )
         self.reqs[i] = r
 
     def add(self, r: Request, est: LatencyEstimator, classes: PriorityClasses) -> None:
@@ -57,8 +67,7 @@ class WaitingColumns:
         i = self.slot.pop(r.id)
         last = self.n - 1
         if i != last:
-            for a in self.cols.values():
-                a[i] = a[last]
+            self._data[i] = self._data[last]
             moved = self.reqs[last]
             self.reqs[i] = moved
             self.slot[moved.id] = i
@@ -70,4 +79,11 @@ class WaitingColumns:
             self._write(i, self.reqs[i], est, classes)
 
     def view(self) -> dict[str, np.ndarray]:
-        return {f: a[: self.n] for f, a in self.cols.items()}
+        d = self._data[: self.n]
+        return {f: d[:, k] for k, f in enumerate(FIELDS)}
+
+    def requests(self) -> list[Request]:
+        return self.reqs[: self.n]
+
+
+WaitingColumns = RequestColumns

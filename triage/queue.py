@@ -130,25 +130,33 @@ class DualHeap(Generic[T]):
             raise IndexError("pop from an empty queue")
         return self.remove(e[2])
 
-    def smallest(self, n: int) -> list[T]:
-        """The n first items in scheduling order, without removing them.
+    def iter_sorted(self) -> Iterator[tuple[tuple, T]]:
+        """Yield (key, item) in scheduling order, lazily, without removing anything.
 
-        Walks the heap array best-first from the root, so it costs O(n log n) however
-        long the queue is (seed 004 Alg. 2's ExtractTopb without popping)."""
-        out: list[T] = []
+        Walks the heap array best-first from the root, so the first n items cost
+        O(n log n) however long the queue is (seed 004 Alg. 2's ExtractTopb)."""
         h = self._min
-        if not h or n <= 0:
-            return out
+        if not h:
+            return
         frontier = [(h[0], 0)]
         size = len(h)
-        while frontier and len(out) < n:
+        while frontier:
             (k, v, rid), i = heapq.heappop(frontier)
             live = self._live.get(rid)
             if live is not None and live[0] == v:
-                out.append(live[1])
+                yield k, live[1]
             for j in (2 * i + 1, 2 * i + 2):
                 if j < size:
                     heapq.heappush(frontier, (h[j], j))
+
+    def smallest(self, n: int) -> list[T]:
+        """The n first items in scheduling order, without removing them."""
+        out: list[T] = []
+        if n > 0:
+            for _, item in self.iter_sorted():
+                out.append(item)
+                if len(out) == n:
+                    break
         return out
 
     def ordered(self) -> list[T]:

@@ -5,7 +5,8 @@ A policy only reads: `waiting` (sorted by arrival seq; preempted requests keep t
 original seq, so they sit ahead of later arrivals as in vLLM), `running` (admission
 order), `kv`, `estimator`, `classes`, `limits`, `costs`, and two indexes of the
 waiting queue kept in step with it: `queue`, seed 004's dual heap keyed by (effective
-level, predicted remaining time), and `columns`, a numpy copy for whole-queue policies.
+level, predicted remaining time), and `columns` / `run_columns`, numpy copies of the
+waiting and running sets for whole-queue policies (see columns.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import bisect
 from typing import Iterable
 
 from triage.classes import PriorityClasses
-from triage.columns import WaitingColumns
+from triage.columns import RequestColumns
 from triage.estimators import LatencyEstimator
 from triage.estimators.base import remaining_time
 from triage.kv import CacheCosts, KVCache
@@ -35,7 +36,8 @@ class EngineState:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.queue: DualHeap[Request] = DualHeap(key=self.queue_key)
-        self.columns = WaitingColumns()
+        self.columns = RequestColumns(1024)
+        self.run_columns = RequestColumns(256)
         self.version = 0  # bumped on every change a policy's cache may depend on
 
     def queue_key(self, r: Request) -> tuple:
@@ -76,6 +78,7 @@ class EngineState:
             self._remove_waiting(r)
         elif r in self.running:
             self.running.remove(r)
+            self.run_columns.remove(r)
         self.kv.free(rid)
         self.version += 1
         return r
@@ -89,6 +92,8 @@ class EngineState:
         if r.id in self.queue:
             self.queue.rekey(r.id)
             self.columns.update(r, self.estimator, self.classes)
+        elif r.id in self.run_columns.slot:
+            self.run_columns.update(r, self.estimator, self.classes)
         self.version += 1
         return r
 
@@ -97,19 +102,30 @@ class EngineState:
         for r in self.requests.values():
             c = classes.get(r.level)
             r.weight, r.ttft_slo, r.tpot_slo = c.weight, c.ttft, c.tpot
-        self.queue.rekey_all()
-        self.columns.rebuild(self.estimator, self.classes)
-        self.version += 1
+        self.refresh_estimates()
 
     def refresh_estimates(self) -> None:
-        """After the estimator was refitted: re-key everything that depends on it."""
+        """After the estimator was refitted (or classes edited): re-key everything."""
         self.queue.rekey_all()
         self.columns.rebuild(self.estimator, self.classes)
+        self.run_columns.rebuild(self.estimator, self.classes)
+        self.version += 1
+
+    def touch(self, r: Request) -> None:
+        """Re-read a request whose fields were changed outside the methods below
+        (the vLLM plugin syncing from vLLM's own request objects)."""
+        if r.id in self.run_columns.slot:
+            self.run_columns.update(r, self.estimator, self.classes)
+        elif r.id in self.queue:
+            self.queue.rekey(r.id)
+            self.columns.update(r, self.estimator, self.classes)
+        self.version += 1
 
     # --- applying a plan -----------------------------------------------------------------
     def preempt(self, rid: str, keep_tokens: int) -> Request:
         r = self.requests[rid]
         self.running.remove(r)
+        self.run_columns.remove(r)
         self.kv.free(rid)
         keep = min(keep_tokens, r.computed)
         r.offloaded_tokens = keep
@@ -132,6 +148,7 @@ class EngineState:
         if r.first_scheduled is None:
             r.first_scheduled = now
         r.stage = Stage.PREFILLING if r.need > 1 or r.generated == 0 else Stage.DECODING
+        self.run_columns.add(r, self.estimator, self.classes)
         return load
 
     def allocate(self, r: Request, tokens: int) -> None:
@@ -141,16 +158,20 @@ class EngineState:
         """Account `tokens` computed for r in a step that ended at t_end.
         Returns True when a token was emitted."""
         r.computed += tokens
-        if r.computed < r.known:
+        if r.computed < r.prompt_len + r.generated:
             r.stage = Stage.PREFILLING
-            return False
-        r.generated += 1
-        r.token_times.append(t_end)
-        r.stage = Stage.DECODING
-        return True
+            emitted = False
+        else:
+            r.generated += 1
+            r.token_times.append(t_end)
+            r.stage = Stage.DECODING
+            emitted = True
+        self.run_columns.update(r, self.estimator, self.classes)
+        return emitted
 
     def finish(self, r: Request, t_end: float) -> None:
         self.running.remove(r)
+        self.run_columns.remove(r)
         self.kv.free(r.id)
         del self.requests[r.id]
         r.stage = Stage.FINISHED

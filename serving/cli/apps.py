@@ -5,7 +5,7 @@ functions, never at module level, so `triage --help` stays fast.
 """
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Triage: semantic priority triage for LLM serving.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help="Triage: semantic priority triage for LLM serving.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they print the figures the README quotes).")
 models_app = typer.Typer(no_args_is_help=True, help="Served-model files.")
 train_app = typer.Typer(no_args_is_help=True, help="Train the predictors.")

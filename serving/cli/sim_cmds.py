@@ -1,1 +1,101 @@
-"""Simulator and policy benchmark commands."""
+"""`triage simulate` and the policy benchmarks (`bench overhead`, `bench policies`, `bench goodput`)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import app, bench_app
+from serving.cli.progress import progress_bar
+
+DEFAULT_TRACE = "../shared/datasets/azure_llm_2023_conv.csv.gz"
+
+
+def _parse_params(params: list[str]) -> dict:
+    out = {}
+    for p in params:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--param expects KEY=VALUE, got {p!r}")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path, typer.Option(help="Trace file (Azure, Mooncake or arrival,prompt_tokens,output_tokens[,level] CSV)")] = Path(DEFAULT_TRACE),
+    policy: Annotated[str, typer.Option(help="Scheduling policy")] = "triage",
+    profile: Annotated[str, typer.Option(help="Latency profile in data/profiles")] = "",
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice the load)")] = 1.0,
+    limit: Annotated[Optional[int], typer.Option(help="First N requests")] = None,
+    seed: int = 0,
+    param: Annotated[list[str], typer.Option(help="Policy parameter KEY=VALUE (repeatable)")] = [],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Replay a trace through the simulator with one policy; print the per-class report."""
+    from triage.classes import load_classes
+    from triage.policies import make_policy
+    from triage.profiles import DEFAULT_PROFILE, load_profile
+    from triage.sim.metrics import summarize
+    from triage.sim.simulator import simulate as run
+    from triage.sim.traces import load_trace
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    classes = load_classes().scaled(prof.slo_scale)
+    try:
+        reqs = load_trace(trace, limit=limit, rate_scale=rate_scale, seed=seed)
+        pol = make_policy(policy, **_parse_params(param))
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from None
+    with progress_bar(f"simulate {policy}", total=len(reqs)) as advance:
+        res = run(reqs, pol, prof, classes, seed=seed, progress=advance)
+    report = summarize(res.requests, classes, policy)
+    report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3))
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        print_report(report)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    t = Table(title=f"{report['policy']} — {report['requests']} requests, TDG ratio {fmt(report['tdg_ratio'])}, "
+                    f"SLO attainment {fmt(report['slo_attainment'])}")
+    for col in ("level", "requests", "SLO attained", "TDG ratio", "TTFT p50 s", "TTFT p99 s", "max-TPOT p99 s", "norm. wait s/tok"):
+        t.add_column(col, justify="right")
+    for level, c in report["per_class"].items():
+        t.add_row(level, str(c["requests"]), fmt(c["slo_attainment"]), fmt(c["tdg_ratio"]), fmt(c["ttft_p50"]),
+                  fmt(c["ttft_p99"]), fmt(c["tpot_p99"]), fmt(c["norm_wait_mean"], 4))
+    Console().print(t)
+
+
+@bench_app.command("overhead")
+def bench_overhead(
+    waiting: int = 1000,
+    running: int = 256,
+    policy: Annotated[str, typer.Option(help="Policy to time")] = "triage",
+    peer: Annotated[Optional[str], typer.Option(help="Time vLLM's own schedule() instead (vllm-fcfs, vllm-priority)")] = None,
+    repeats: int = 300,
+    profile: str = "",
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Time one plan() call at a given queue state: p50/p99 in microseconds."""
+    if peer:
+        from serving.peers import peer_overhead
+
+        out = peer_overhead(peer, waiting, running, repeats)
+    else:
+        from triage.overhead import time_plan
+
+        out = time_plan(policy, waiting=waiting, running=running, repeats=repeats, profile=profile or None, seed=seed)
+    typer.echo(json.dumps(out) if as_json else f"{out['name']}: p50 {out['p50_us']:.0f} µs, p99 {out['p99_us']:.0f} µs")

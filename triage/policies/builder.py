@@ -30,6 +30,7 @@ class BatchBuilder:
         self.tokens_left = lim.max_num_batched_tokens
         self.seats_left = lim.max_num_seqs - len(view.running)
         self.free_blocks = view.kv.free_blocks
+        self._held = view.kv._held
         self.budget = time_budget
         self.time_left = math.inf if time_budget is None else time_budget - self.est.beta * self.est.t_c
         self.predicted = self.est.beta * self.est.t_c
@@ -48,41 +49,57 @@ class BatchBuilder:
         """No further request can get anything this step."""
         return self.tokens_left <= 0 or self.time_left <= TIME_SLACK
 
-    def add(self, r: Request, want: int | None = None, *, use_time: bool = True) -> int:
-        if r.id in self.tokens or r.id in self._preempted:
+    def add(self, r: Request, want: int | None = None, *, use_time: bool = True, whole: bool = False) -> int:
+        """Grant r up to `want` tokens (default: its need); `whole=True` grants nothing
+        unless the KV blocks for all of it are free (vLLM allocates all or preempts)."""
+        rid = r.id
+        if rid in self.tokens or rid in self._preempted:
             return 0
-        want = r.need if want is None else min(want, r.need)
+        computed = r.computed
+        known = r.prompt_len + r.generated
+        need = known - computed
+        want = need if want is None or want > need else want
         if want <= 0:
             return 0
         admitting = r.stage in WAITING_STAGES
         if admitting and self.seats_left <= 0:
             return self._cut("seats")
-        k = min(want, self.tokens_left)
+        k = want if want < self.tokens_left else self.tokens_left
         if k <= 0:
             return self._cut("tokens")
-        lkv = r.computed
-        if use_time and self.time_left < math.inf:
-            k = self.est.max_chunk(lkv, self.time_left, k)
-            if k <= 0:
-                return self._cut("time")
-        held = 0 if admitting else self.view.kv.blocks_of(r.id)
+        est = self.est
+        if use_time and self.time_left != math.inf:
+            if k == 1:
+                if est.request_time(1, computed) > self.time_left:
+                    return self._cut("time")
+            else:
+                k = est.max_chunk(computed, self.time_left, k)
+                if k <= 0:
+                    return self._cut("time")
+        bs = self.bs
         if admitting:
-            gate = -(-r.known // self.bs)
-            if gate > self.free_blocks:
+            held = 0
+            if -(-known // bs) > self.free_blocks:
                 return self._cut("memory")
-        room = (held + self.free_blocks) * self.bs - r.computed
+        else:
+            held = self._held.get(rid, 0)
+        room = (held + self.free_blocks) * bs - computed
         if room < k:
+            if whole:
+                return self._cut("memory")
             k = room
             self._cut("memory")
             if k <= 0:
                 return 0
-        t = self.est.request_time(k, lkv)
-        self.tokens[r.id] = k
-        self.works.append(Work(k, lkv))
+        t = est.request_time(k, computed)
+        self.tokens[rid] = k
+        self.works.append(Work(k, computed))
         self.tokens_left -= k
         self.time_left -= t
         self.predicted += t
-        self.free_blocks -= max(0, -(-(r.computed + k) // self.bs) - held)
+        extra = -(-(computed + k) // bs) - held
+        if extra > 0:
+            self.free_blocks -= extra
         if admitting:
             self.seats_left -= 1
         return k
@@ -92,7 +109,7 @@ class BatchBuilder:
         want = r.need if want is None else want
         if r.stage in WAITING_STAGES:
             return max(0, -(-r.known // self.bs) - self.free_blocks)
-        held = self.view.kv.blocks_of(r.id)
+        held = self._held.get(r.id, 0)
         return max(0, -(-(r.computed + want) // self.bs) - held - self.free_blocks)
 
     def preempt(self, victim: Request, keep_tokens: int = 0) -> None:
@@ -106,6 +123,16 @@ class BatchBuilder:
 
     def is_preempted(self, r: Request) -> bool:
         return r.id in self._preempted
+
+    def add_or_evict(self, r: Request, victims: list[Request], *, outranks=None, keep=None) -> int:
+        """Grant r its tokens, preempting from `victims` first if its KV blocks (or a
+        seat) are missing: the fast path costs one `add`."""
+        k = self.add(r, whole=True)
+        if k or r.id in self.tokens or self.is_preempted(r):
+            return k
+        if self.make_room(r, victims, outranks=outranks, keep=keep):
+            return self.add(r, whole=True)
+        return 0
 
     def make_room(self, r: Request, victims: list[Request], *, outranks=None, keep=None) -> bool:
         """Preempt from the end of `victims` (most evictable last) until r has the KV

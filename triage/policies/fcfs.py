@@ -19,10 +19,8 @@ class FCFS(Policy):
         b = BatchBuilder(view)
         victims = list(view.running)  # the most recently admitted is preempted first
         for r in view.running:
-            if b.is_preempted(r) or b.tokens_left <= 0:
-                continue
-            if b.make_room(r, victims):
-                b.add(r)
+            if not b.is_preempted(r) and b.tokens_left > 0:
+                b.add_or_evict(r, victims)
         if not b.preemptions:
             for r in view.waiting:
                 if b.add(r) == 0:

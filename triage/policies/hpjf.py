@@ -6,6 +6,8 @@ lower priority (last in that order first, recompute); it never preempts its bett
 """
 from __future__ import annotations
 
+import numpy as np
+
 from triage.plan import BatchPlan
 from triage.policies.base import Policy, SchedulerView, register
 from triage.policies.builder import BatchBuilder
@@ -16,10 +18,23 @@ class HPJF(Policy):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         b = BatchBuilder(view)
         key = lambda r: (r.level, r.seq)  # noqa: E731
-        victims = sorted(view.running, key=key)
-        for r in sorted([*view.running, *view.waiting], key=key):
-            if b.full:
+        reqs = view.run_columns.requests() + view.columns.requests()
+        rc, wc = view.run_columns.view(), view.columns.view()
+        level = np.concatenate([rc["level"], wc["level"]])
+        seq = np.concatenate([rc["seq"], wc["seq"]])
+        order = np.lexsort((seq, level)).tolist()
+        n_run = view.run_columns.n
+        victims = [reqs[i] for i in order if i < n_run]
+        outranks = lambda r, v: key(v) > key(r)  # noqa: E731
+        admit_open = True
+        for i in order:
+            if b.full or (not admit_open and not victims):
                 break
-            if not b.is_preempted(r) and b.make_room(r, victims, outranks=lambda r, v: key(v) > key(r)):
-                b.add(r)
+            r = reqs[i]
+            if b.is_preempted(r):
+                continue
+            if i >= n_run and not admit_open:
+                continue
+            if not b.add_or_evict(r, victims, outranks=outranks) and i >= n_run:
+                admit_open = False  # nothing below this priority can be admitted either
         return b.build()

@@ -7,6 +7,8 @@ decode needs a KV block, the running request last in that order is preempted (re
 """
 from __future__ import annotations
 
+import numpy as np
+
 from triage.plan import BatchPlan
 from triage.policies.base import Policy, SchedulerView, register
 from triage.policies.builder import BatchBuilder
@@ -21,15 +23,23 @@ class _Sarathi(Policy):
 
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         b = BatchBuilder(view)
-        running = sorted(view.running, key=self.key)
-        decodes = [r for r in running if r.need == 1]
-        prefills = [r for r in running if r.need > 1]
-        victims = list(running)  # last in this stage order is preempted first
-        for r in [*decodes, *prefills]:
-            if not b.is_preempted(r) and b.make_room(r, victims):
-                b.add(r)
+        rc = view.run_columns.view()
+        runs = view.run_columns.requests()
+        keys = (rc["seq"], rc["level"]) if self.by_priority else (rc["seq"],)
+        order = np.lexsort(keys).tolist()
+        running = [runs[i] for i in order]
+        victims = list(running)  # last in this order is preempted first
+        decode = (rc["need"] == 1).tolist()
+        for r in [*(runs[i] for i in order if decode[i]), *(runs[i] for i in order if not decode[i])]:
+            if not b.is_preempted(r):
+                b.add_or_evict(r, victims)
         if not b.preemptions:
-            waiting = sorted(view.waiting, key=self.key) if self.by_priority else view.waiting
+            if self.by_priority:
+                wc = view.columns.view()
+                reqs = view.columns.requests()
+                waiting = (reqs[i] for i in np.lexsort((wc["seq"], wc["level"])).tolist())
+            else:
+                waiting = view.waiting
             for r in waiting:
                 if b.add(r) == 0:
                     break

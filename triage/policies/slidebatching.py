@@ -31,24 +31,31 @@ class QueueMetrics:
 
     def __init__(self, view: SchedulerView, now: float, smooth: bool = False) -> None:
         est = view.estimator
-        run = view.running
-        cols = view.columns.view()
-        wtok = view.classes.token_weight
-        self.n_run = n_r = len(run)
-        self.reqs: list[Request] = [*run, *view.columns.reqs[: view.columns.n]]
-        rows = [(r.need, r.computed,
-                 min(r.next_deadline, r.token_times[-1] + r.tpot_slo) if smooth and r.token_times else r.next_deadline,
-                 wtok(r.level, r.generated + 1), r.level, r.seq) for r in run]
-        a = np.array(rows, dtype=float).reshape(n_r, 6)
-        # smooth: also keep every gap under TPOT, min(envelope, last token + TPOT_slo)
-        self.exec = np.concatenate([est.request_times(a[:, 0], a[:, 1]), est.beta * cols["exec_u"]])
-        deadline = np.concatenate([a[:, 2], cols["deadline"]])
-        wnext = np.concatenate([a[:, 3], cols["wnext"]])
-        self.level = np.concatenate([a[:, 4], cols["level"]])
-        self.seq = np.concatenate([a[:, 5], cols["seq"]])
+        run, wait = view.run_columns.view(), view.columns.view()
+        self.n_run = view.run_columns.n
+        self.reqs: list[Request] = view.run_columns.requests() + view.columns.requests()
+
+        def cat(f: str) -> np.ndarray:
+            return np.concatenate([run[f], wait[f]])
+
+        self.exec = est.beta * cat("exec_u")
+        deadline = cat("deadline")
+        if smooth:  # also keep every gap under TPOT: min(envelope, last token + TPOT_slo)
+            deadline = np.fmin(deadline, cat("last_token") + cat("tpot"))
+        self.level = cat("level")
+        self.seq = cat("seq")
+        self.need = cat("need")
         self.remain = deadline - now
-        self.density = wnext / np.maximum(self.exec, 1e-9)
+        self.density = cat("wnext") / np.maximum(self.exec, 1e-9)
         self.t_c = est.beta * est.t_c
+        self._run = run
+
+    def remaining_times(self, est) -> np.ndarray:
+        """Seed 004's f_t for the running rows: rest of the need, then the decodes left."""
+        run = self._run
+        rem_out = run["rem_out"]
+        dec = est.request_times(np.ones_like(rem_out), run["known"] + rem_out // 2)
+        return self.exec[: self.n_run] + np.maximum(rem_out - 1, 0) * dec
 
     def __len__(self) -> int:
         return len(self.reqs)

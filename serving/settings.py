@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     allow_public: bool = False
     backend: Literal["vllm", "simulated"] = "vllm"
-    profile: str = "a5000-qwen1.5-7b"          # latency profile of the simulated backend
+    profile: str | None = None                 # latency profile (simulated: a5000-qwen1.5-7b; vllm: the engine's)
     policy: str = "triage"                     # the engine-level policy (both backends)
     model: str | None = None                   # served model dir (vllm); default: SmolLM2 in the state dir
     served_model_name: str = "smollm2-135m-instruct"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-def make_backend(settings, classes, metrics=None):
+def make_backend(settings, classes, metrics=None, engine=None):
     """Build the backend the settings name (imports the heavy one only when asked)."""
     if settings.backend == "simulated":
         from serving.backends.simulated import SimulatedBackend
@@ -11,5 +11,5 @@ def make_backend(settings, classes, metrics=None):
     if settings.backend == "vllm":
         from serving.backends.vllm_backend import VLLMBackend
 
-        return VLLMBackend(settings, classes, metrics)
+        return VLLMBackend(settings, classes, metrics, engine=engine)
     raise ValueError(f"unknown backend {settings.backend!r} (vllm, simulated)")

@@ -20,7 +20,7 @@ import numpy as np
 from serving.backends.base import GenRequest, TokenEvent
 from triage.classes import PriorityClasses
 from triage.policies import make_policy
-from triage.profiles import load_profile
+from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.request import Request
 from triage.sim.simulator import Instance
 
@@ -35,7 +35,7 @@ class SimulatedBackend:
 
     def __init__(self, settings, classes: PriorityClasses, metrics=None) -> None:
         self.settings = settings
-        self.profile = load_profile(settings.profile)
+        self.profile = load_profile(settings.profile or DEFAULT_PROFILE)
         self.classes = classes
         self.metrics = metrics
         self.speed = float(settings.sim_speed)

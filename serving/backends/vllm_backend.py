@@ -1,0 +1,118 @@
+"""The vLLM backend: `serving.engine.TriageEngine` (vLLM's AsyncLLM in process, our
+scheduler class inside it). The front-end hands it admitted requests with their level,
+SLOs and predicted length; relabels and class edits go through the engine's control
+channel and apply at its next step. Token counts use the served model's tokenizer.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from serving.backends.base import GenRequest, TokenEvent
+from triage.classes import PriorityClasses
+
+log = logging.getLogger(__name__)
+
+ENGINE_PROFILE = "vllm-cpu-smollm2"
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, settings, classes: PriorityClasses, metrics=None, engine=None) -> None:
+        self.settings = settings
+        self.classes = classes
+        self.metrics = metrics
+        self.engine = engine              # tests may share one started engine
+        self._own_engine = engine is None
+        self.instance = "vllm-0"
+        self._poll: asyncio.Task | None = None
+        self._last_steps = 0
+
+    def _config(self):
+        from serving.engine import EngineConfig
+
+        s = self.settings
+        kw = dict(max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
+                  max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib, policy=s.policy,
+                  classes=self.classes.to_dict())
+        if s.model:
+            kw["model"] = s.model
+        if s.profile:
+            kw["profile"] = s.profile
+        return EngineConfig(**kw)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and bool(self.engine.ready)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len) if self.engine is not None else int(self.settings.max_model_len)
+
+    async def start(self) -> None:
+        if self.engine is None:
+            from serving.engine import TriageEngine
+
+            self.engine = TriageEngine(self._config())
+        await self.engine.start()
+        if not self._own_engine:
+            await self.engine.set_classes(self.classes)   # a shared engine follows this service's table
+        self._poll = asyncio.create_task(self._poll_stats(), name="vllm-stats")
+
+    async def stop(self) -> None:
+        if self._poll:
+            self._poll.cancel()
+            try:
+                await self._poll
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._own_engine and self.engine is not None:
+            await self.engine.stop()
+
+    # --- text ------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return self.engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    # --- requests --------------------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]:
+        temperature = req.temperature
+        async for ev in self.engine.generate(
+                req.request_id, req.prompt, max_tokens=req.max_tokens, temperature=temperature, top_p=req.top_p,
+                stop=req.stop or None, level=req.level, ttft_slo=req.ttft_slo, tpot_slo=req.tpot_slo,
+                predicted_output_len=req.predicted_output_len, arrival=req.arrival):
+            yield ev
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    async def relabel(self, request_id: str, level: int) -> None:
+        await self.engine.relabel(request_id, level)
+
+    async def set_classes(self, classes: PriorityClasses) -> None:
+        self.classes = classes
+        await self.engine.set_classes(classes)
+
+    def step_stats(self) -> dict:
+        return self.engine.step_stats() if self.engine is not None else {}
+
+    async def _poll_stats(self) -> None:
+        """Feed the engine's step counters into the Prometheus histograms (one sample per
+        poll: the last step's time and the estimator's mean error)."""
+        while True:
+            await asyncio.sleep(0.5)
+            if self.metrics is None:
+                continue
+            st = self.step_stats()
+            steps = int(st.get("steps") or 0)
+            if steps > self._last_steps:
+                self._last_steps = steps
+                if st.get("last_step_s") is not None:
+                    self.metrics.step_time.observe(float(st["last_step_s"]))
+                if st.get("estimator_ape_mean") is not None:
+                    self.metrics.estimator_error.observe(float(st["estimator_ape_mean"]))

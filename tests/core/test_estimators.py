@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+
+from triage.estimators import ProServeEstimator, SlidingServeEstimator, Work
+from triage.profiles import available_profiles, load_profile
+
+TRUE = dict(a_p=2e-8, b_p=4e-8, c_p=1e-4, a_d=3e-7, b_d=2e-4, t_c=0.02)
+
+
+def batches(n, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        works = [Work(int(rng.integers(16, 512)), int(rng.integers(0, 1024))) for _ in range(rng.integers(0, 3))]
+        works += [Work(1, int(rng.integers(64, 2048))) for _ in range(rng.integers(1, 32))]
+        yield works
+
+
+def test_proserve_fit_recovers_coefficients():
+    truth = ProServeEstimator(**TRUE)
+    samples = [(w, truth.batch_time(w)) for w in batches(300)]
+    est = ProServeEstimator(0, 0, 0, 0, 0, 0)
+    est.fit(samples)
+    for k, v in TRUE.items():
+        assert getattr(est, k) == pytest.approx(v, rel=1e-3)
+
+
+def test_slidingserve_fit_is_accurate_per_scenario():
+    truth = ProServeEstimator(**TRUE)
+    samples = [(w, truth.batch_time(w)) for w in batches(400, seed=1)]
+    est = SlidingServeEstimator({"global": [0.0] * 8})
+    est.fit(samples[:300])
+    assert {"decode", "mixed"} <= set(est.models)
+    errs = [abs(est.batch_time(w) - t) / t for w, t in samples[300:]]
+    assert np.mean(errs) < 0.02
+
+
+def test_max_chunk_inverts_request_time():
+    est = ProServeEstimator(**TRUE)
+    for lkv in (0, 500):
+        for budget in (0.001, 0.01, 0.05):
+            k = est.max_chunk(lkv, budget, 4096)
+            assert est.request_time(k, lkv) <= budget
+            assert k == 4096 or est.request_time(k + 1, lkv) > budget
+    assert est.time_to_budget(est.t_c) == 0  # nothing fits in the fixed cost alone
+
+
+def test_online_correction_tracks_a_slower_machine():
+    est = ProServeEstimator(**TRUE)
+    for w in batches(100, seed=2):
+        pred = est.uncorrected_batch_time(w)
+        est.observe(pred, 1.5 * pred)
+    assert est.beta == pytest.approx(1.5, rel=0.02)
+    w = next(batches(1, seed=3))
+    assert est.batch_time(w) == pytest.approx(1.5 * est.uncorrected_batch_time(w), rel=0.02)
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_shipped_profile_loads_and_predicts(name):
+    prof = load_profile(name)
+    est = prof.estimator()
+    assert est.batch_time([Work(128, 0), Work(1, 500)]) > 0
+    assert prof.num_blocks > 0 and prof.block_size > 0 and prof.limits.max_num_seqs > 0
+
+
+def test_published_profile_coefficients_are_kept_verbatim():
+    raw = load_profile("a100-qwen1.5-7b").raw
+    assert raw["published"]["prefill_alpha1"] == 5.135e-7
+    assert raw["published"]["decode_gamma2"] == 1.330e-2
+    assert raw["estimator"]["a_p"] == 5.135e-7 and raw["estimator"]["t_c"] == 1.330e-2
+
+
+def test_unknown_profile_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="available"):
+        load_profile("no-such-profile")

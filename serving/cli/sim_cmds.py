@@ -37,6 +37,7 @@ def simulate(
     seed: int = 0,
     param: Annotated[list[str], typer.Option(help="Policy parameter KEY=VALUE (repeatable)")] = [],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    requests_out: Annotated[Optional[Path], typer.Option(help="Write one JSON line per request (level, arrival, token times, preemptions)")] = None,
 ) -> None:
     """Replay a trace through the simulator with one policy; print the per-class report."""
     from triage.classes import load_classes
@@ -55,6 +56,11 @@ def simulate(
         raise typer.BadParameter(str(e)) from None
     with progress_bar(f"simulate {policy}", total=len(reqs)) as advance:
         res = run(reqs, pol, prof, classes, seed=seed, progress=advance)
+    if requests_out:
+        with open(requests_out, "w") as f:
+            for r in res.requests:
+                f.write(json.dumps({"id": r.id, "level": r.level, "arrival": r.arrival, "prompt_tokens": r.prompt_len,
+                                    "token_times": r.token_times, "preemptions": r.preemptions}) + "\n")
     report = summarize(res.requests, classes, policy)
     report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3))
     if as_json:

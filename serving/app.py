@@ -251,9 +251,9 @@ def _profile_slo_scale(s: Settings) -> float:
 
     name = s.profile or (DEFAULT_PROFILE if s.backend == "simulated" else None)
     if name is None:
-        from serving.backends.vllm_backend import ENGINE_PROFILE
+        from serving.backends.vllm_backend import engine_profile
 
-        name = ENGINE_PROFILE
+        name = engine_profile(None)
     try:
         return load_profile(name).slo_scale
     except FileNotFoundError:

@@ -17,6 +17,19 @@ log = logging.getLogger(__name__)
 ENGINE_PROFILE = "vllm-cpu-smollm2"
 
 
+def engine_profile(name: str | None) -> str:
+    """The latency profile the engine's scheduler uses: the one named, else the engine's
+    own (`vllm-cpu-smollm2`) when it is shipped, else the core default, said in the log."""
+    from triage.profiles import DEFAULT_PROFILE, profile_path
+
+    if name:
+        return name
+    if profile_path(ENGINE_PROFILE).exists():
+        return ENGINE_PROFILE
+    log.warning("profile %s is not shipped yet; the engine's scheduler uses %s", ENGINE_PROFILE, DEFAULT_PROFILE)
+    return DEFAULT_PROFILE
+
+
 class VLLMBackend:
     name = "vllm"
 
@@ -39,8 +52,7 @@ class VLLMBackend:
                   classes=self.classes.to_dict())
         if s.model:
             kw["model"] = s.model
-        if s.profile:
-            kw["profile"] = s.profile
+        kw["profile"] = engine_profile(s.profile)
         return EngineConfig(**kw)
 
     # --- lifecycle -------------------------------------------------------------------------

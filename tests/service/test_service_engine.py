@@ -1,0 +1,238 @@
+"""The service with the real vLLM engine and SmolLM2 (marker `engine`).
+
+One engine for the whole session, shared by two servers on one event loop: one on a
+SQLite file, one on a PostgreSQL database of its own (skipped, or failed under CI, when
+PostgreSQL is unreachable). Every test runs against both.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import create_engine, text
+
+from conftest import make_keys, make_settings, pg_database, pg_reachable, require_postgres
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+MODEL = "smollm2-135m-instruct"
+
+
+class Cluster:
+    """Both servers and the engine on one asyncio loop in a thread."""
+
+    def __init__(self, configs: dict[str, tuple]) -> None:
+        self.configs = configs          # name -> (settings, keys, db_url)
+        self.loop = asyncio.new_event_loop()
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self.servers: dict = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        except BaseException as e:   # surfaced to the fixture
+            self.error = e
+            self.started.set()
+
+    async def _main(self) -> None:
+        import uvicorn
+
+        from serving.app import create_app
+        from serving.backends.vllm_backend import engine_profile
+        from serving.engine import EngineConfig, TriageEngine
+
+        first = next(iter(self.configs.values()))[0]
+        self.engine = TriageEngine(EngineConfig(max_model_len=first.max_model_len, max_num_seqs=first.max_num_seqs,
+                                                max_num_batched_tokens=first.max_num_batched_tokens,
+                                                kv_cache_gib=first.kv_cache_gib, policy=first.policy,
+                                                profile=engine_profile(first.profile)))
+        await self.engine.start()
+        tasks = []
+        for name, (s, keys, url) in self.configs.items():
+            app = create_app(s, engine=self.engine)
+            srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=s.port, log_level="warning",
+                                                access_log=False, lifespan="on"))
+            tasks.append(asyncio.create_task(srv.serve()))
+            while not srv.started:
+                if tasks[-1].done():
+                    tasks[-1].result()
+                await asyncio.sleep(0.05)
+            srv.app_obj, srv.keys, srv.db_url, srv.url = app, keys, url, f"http://127.0.0.1:{s.port}"
+            self.servers[name] = srv
+        self.started.set()
+        await asyncio.gather(*tasks)
+        await self.engine.stop()
+
+    def stop(self) -> None:
+        for srv in self.servers.values():
+            srv.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory, predictors_dir):
+    pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs it)")
+    from serving.model_prep import default_model_dir
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("the served model is not prepared: run `triage models prepare`")
+    tmp = tmp_path_factory.mktemp("engine_svc")
+    configs = {}
+    sqlite_url = f"sqlite:///{tmp / 'audit.db'}"
+    configs["sqlite"] = sqlite_url
+    pg_ctx = None
+    if pg_reachable() is None:
+        pg_ctx = pg_database("triage_engine")
+        configs["postgres"], _ = pg_ctx.__enter__()
+    elif require_postgres():
+        pytest.fail("PostgreSQL unreachable and CI=true / TRIAGE_REQUIRE_POSTGRES=1 require it")
+    cfgs = {}
+    for name, url in configs.items():
+        (tmp / name).mkdir()
+        s = make_settings(url, tmp / name, predictors_dir, backend="vllm", profile=None, max_inflight=2,
+                          max_queue=64, default_max_tokens=16, max_num_seqs=8, max_num_batched_tokens=512)
+        cfgs[name] = (s, make_keys(url), url)
+    cl = Cluster(cfgs)
+    cl.thread.start()
+    cl.started.wait(600)
+    if cl.error:
+        raise cl.error
+    try:
+        yield cl
+    finally:
+        cl.stop()
+        if pg_ctx is not None:
+            pg_ctx.__exit__(None, None, None)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def srv(request, cluster):
+    if request.param not in cluster.servers:
+        pytest.skip("PostgreSQL unreachable; set TRIAGE_REQUIRE_POSTGRES=1 to make this a failure")
+    return cluster.servers[request.param]
+
+
+def _h(srv, role):
+    return {"Authorization": f"Bearer {srv.keys[role]}"}
+
+
+async def _stream(c: httpx.AsyncClient, content: str, **kw) -> dict:
+    first = rid = None
+    async with c.stream("POST", "/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": content}], "stream": True,
+            "temperature": 0, **kw}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            rid = rid or obj["triage"]["request_id"]
+            if first is None and obj["choices"] and obj["choices"][0]["delta"].get("content"):
+                first = time.time()
+    return {"rid": rid, "first": first}
+
+
+def test_openai_client_streams_a_chat_completion(srv):
+    oc = openai.OpenAI(base_url=srv.url + "/v1", api_key=srv.keys["client"])
+    chunks = list(oc.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        stream=True, max_tokens=12, temperature=0))
+    text_out = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text_out.strip(), chunks
+    assert chunks[0].model_extra["triage"]["level"] in range(1, 6)
+    r = oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
+                                   temperature=0)
+    assert r.choices[0].message.content and 0 < r.usage.completion_tokens <= 8
+
+
+def test_prompt_over_context_is_400(srv):
+    c = httpx.Client(base_url=srv.url, headers=_h(srv, "client"), timeout=30)
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "pain " * 5000}]})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_level1_after_ten_level5_first_token_before_them(srv):
+    async def run():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120, headers=_h(srv, "operator")) as c:
+            fives = [asyncio.create_task(_stream(c, f"Write a short note about refill number {i}.", priority=5,
+                                                 max_tokens=16)) for i in range(10)]
+            await asyncio.sleep(0.3)
+            one = await _stream(c, "He collapsed and is not breathing.", priority=1, max_tokens=8)
+            return one, await asyncio.gather(*fives)
+
+    one, fives = asyncio.run(run())
+    later = [f for f in fives if f["first"] is None or f["first"] > one["first"]]
+    assert len(later) >= 7, [round((f["first"] or 0) - one["first"], 3) for f in fives]
+
+
+def test_operator_relabel_moves_a_waiting_request_ahead(srv):
+    async def run():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120, headers=_h(srv, "operator")) as c:
+            blockers = [asyncio.create_task(_stream(c, f"Tell me a long story {i}.", priority=5, max_tokens=48))
+                        for i in range(2)]
+            await asyncio.sleep(0.5)
+            waiting = [asyncio.create_task(_stream(c, f"Question {i}: what is first aid?", priority=4, max_tokens=8))
+                       for i in range(4)]
+            for _ in range(100):
+                q = (await c.get("/admin/queue")).json()
+                if len(q["by_level"]["4"]) == 4:
+                    break
+                await asyncio.sleep(0.05)
+            target = q["by_level"]["4"][-1]["request_id"]
+            r = await c.patch(f"/admin/requests/{target}", json={"level": 1, "reason": "callback: chest pain"})
+            assert r.status_code == 200 and r.json()["position"] == 0, r.text
+            res = await asyncio.gather(*waiting)
+            await asyncio.gather(*blockers)
+            return target, res
+
+    target, res = asyncio.run(run())
+    first = {x["rid"]: x["first"] for x in res}
+    assert first[target] == min(first.values()), first
+
+
+def test_audit_report_one_row_per_request_and_verify(srv):
+    a = httpx.Client(base_url=srv.url, headers=_h(srv, "auditor"), timeout=60)
+    t0 = time.time()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120, headers=_h(srv, "client")) as c:
+            return await asyncio.gather(*(_stream(c, f"My child has a fever of 39C, day {i}.", max_tokens=10)
+                                          for i in range(4)))
+
+    res = asyncio.run(run())
+    rep = a.get("/audit/latency", params={"since": str(t0)}).json()
+    assert rep["requests"] == 4 == sum(g["count"] for g in rep["groups"])
+    for x in res:
+        row = a.get(f"/audit/requests/{x['rid']}").json()["request"]
+        assert row["outcome"] in ("ok", "length") and 0 < row["output_tokens"] <= 10
+        assert row["ttft"] == pytest.approx(row["first_token"] - row["arrival"], abs=1e-6)
+        assert row["ttft"] > 0 and row["finish"] >= row["first_token"]
+        if row["output_tokens"] > 1:
+            assert row["max_tpot"] >= row["mean_tpot"] > 0
+            span = row["finish"] - row["first_token"]
+            assert row["mean_tpot"] * (row["output_tokens"] - 1) == pytest.approx(span, rel=1e-3, abs=1e-3)
+        assert row["tdg_ideal"] > 0 and 0 <= row["tdg_gain"] <= row["tdg_ideal"]
+    for g in rep["groups"]:
+        assert g["ttft_p50"] <= g["ttft_p95"] <= g["ttft_p99"]
+    v = a.get("/audit/verify")
+    assert v.status_code == 200 and v.json()["ok"] is True, v.text
+    eng = create_engine(srv.db_url)
+    rid = res[0]["rid"]
+    with eng.begin() as c:
+        old = c.execute(text("SELECT output_tokens FROM requests WHERE id = :i"), {"i": rid}).scalar()
+        c.execute(text("UPDATE requests SET output_tokens = :n WHERE id = :i"), {"n": old + 1, "i": rid})
+    try:
+        v = a.get("/audit/verify")
+        assert v.status_code == 409 and v.json()["ok"] is False
+    finally:
+        with eng.begin() as c:
+            c.execute(text("UPDATE requests SET output_tokens = :n WHERE id = :i"), {"n": old, "i": rid})
+        eng.dispose()
+    assert a.get("/audit/verify").json()["ok"] is True

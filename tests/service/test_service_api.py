@@ -297,3 +297,9 @@ def test_metrics_and_health(svc):
                  "triage_estimator_relative_error_bucket"):
         assert name in m or name.split("{")[0] in m, name
     assert 'level="' in m
+
+
+def test_operator_page_is_served(svc):
+    r = svc.client().get("/ui")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert "/admin/queue" in r.text and "/audit/latency" in r.text and "PATCH" in r.text

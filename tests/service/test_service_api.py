@@ -303,3 +303,39 @@ def test_operator_page_is_served(svc):
     r = svc.client().get("/ui")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "/admin/queue" in r.text and "/audit/latency" in r.text and "PATCH" in r.text
+
+
+def test_full_queue_sheds_least_urgent_never_level1(tmp_path, predictors_dir):
+    url = f"sqlite:///{tmp_path / 'shed.db'}"
+    keys = make_keys(url)
+    s = make_settings(url, tmp_path, predictors_dir, max_inflight=1, max_queue=2)
+    with Server(s) as srv:
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60,
+                                         headers={"Authorization": f"Bearer {keys['operator']}"}) as c:
+                def post(level, n=3):
+                    return asyncio.create_task(c.post("/v1/chat/completions", json={
+                        "model": MODEL, "messages": [{"role": "user", "content": "x y z"}], "priority": level,
+                        "max_tokens": n}))
+                blocker = post(5, 60)
+                await asyncio.sleep(0.3)
+                fours = [post(4) for _ in range(2)]
+                await asyncio.sleep(0.2)
+                five = await post(5)              # queue 4,4,5 > 2: the level 5 goes
+                ones = [post(1) for _ in range(3)]
+                await asyncio.sleep(0.3)
+                q = (await c.get("/admin/queue")).json()
+                return five, await asyncio.gather(*fours), await asyncio.gather(*ones), q, await blocker
+
+        five, fours, ones, q, blocker = asyncio.run(run())
+        assert five.status_code == 429 and five.headers["Retry-After"] == "2"
+        assert five.json()["error"]["code"] == "queue_full"
+        assert [r.status_code for r in fours] == [429, 429]      # level 1 arrivals push the 4s out
+        assert [r.status_code for r in ones] == [200, 200, 200]  # never shed, even over the bound
+        assert len(q["by_level"]["1"]) == 3 and q["waiting"] == 3
+        assert blocker.status_code == 200
+        m = srv.client().get("/metrics").text
+        assert 'triage_shed_total{level="4"} 2.0' in m and 'triage_shed_total{level="5"} 1.0' in m
+        srv.state.writer.sync(10)
+        a = srv.client(keys["auditor"]).get("/audit/latency", params={"group_by": "outcome"}).json()
+        assert {g["outcome"]: g["count"] for g in a["groups"]}["shed"] == 3

@@ -316,7 +316,7 @@ def peer_overhead(peer: str, waiting: int, running: int, repeats: int, *, prompt
         times.append(time.perf_counter() - t0)
         _rewind(sched, out)
     a = np.array(times) * 1e6
-    return {"peer": peer, "waiting": waiting, "running": running, "repeats": repeats,
+    return {"name": peer, "peer": peer, "waiting": waiting, "running": running, "repeats": repeats,
             "p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
             "mean_us": float(a.mean())}
 

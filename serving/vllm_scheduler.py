@@ -106,7 +106,7 @@ class TriageSettings:
     profile: str = "vllm-cpu-smollm2"
     estimator: str = "proserve"
     classes: dict | None = None        # PriorityClasses.to_dict(); default: data file x slo_scale
-    kv_offload: bool | None = None     # None: on iff a KV connector is configured
+    kv_offload: bool | None = None     # False: recompute even when a KV offloading connector is configured
     record_steps: int = 0              # keep the last N steps' (plan, scheduled) for tests
     learn: bool = True                 # online estimator correction from measured step times
 
@@ -166,7 +166,8 @@ class TriageScheduler(Scheduler):
         profile = load_profile(s.profile)
         classes = PriorityClasses.from_dict(s.classes) if s.classes else load_classes().scaled(profile.slo_scale)
         est = profile.estimator(s.estimator)
-        offload = s.kv_offload if s.kv_offload is not None else self.connector is not None
+        # Offloading needs vLLM's KV offloading connector; without one every victim recomputes.
+        offload = self.connector is not None and s.kv_offload is not False
         costs = None
         if offload and hasattr(est, "a_p"):
             costs = CacheCosts.from_estimator(est, profile.kv_load_per_token)
@@ -188,6 +189,8 @@ class TriageScheduler(Scheduler):
         self._ape_sum = 0.0
         self._ape_n = 0
         self._recompute_only: set[str] = set()
+        # (step, request id, level, keep_tokens planned, mode executed) of recent preemptions
+        self.preemption_log: deque[tuple[int, str, int, int, str]] = deque(maxlen=256)
         self.clock = time.time  # the peers harness swaps in a virtual clock
         missing = check_vllm_members(self)
         if missing:
@@ -252,6 +255,8 @@ class TriageScheduler(Scheduler):
             return self.triage_stats()
         if op == "steps":
             return [asdict(r) for r in self.step_log]
+        if op == "preemptions":
+            return [list(x) for x in self.preemption_log]
         raise ValueError(f"unknown triage control op {op!r}")
 
     def _apply_control(self) -> None:
@@ -336,6 +341,8 @@ class TriageScheduler(Scheduler):
         keep = p.keep_tokens if self.kv_offload else 0
         self.tstate.preempt(p.request_id, keep)
         self.tstats.preemptions += 1
+        self.preemption_log.append((self.tstats.steps + 1, p.request_id, self.tstate.requests[p.request_id].level,
+                                    p.keep_tokens, "offload" if keep > 0 else "recompute"))
         if keep > 0:
             self.tstats.offloads += 1
             self._recompute_only.discard(p.request_id)

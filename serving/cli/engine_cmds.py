@@ -19,3 +19,129 @@ def models_prepare(
 
     path = prepare_default_model(out, force=force)
     typer.echo(str(path))
+
+
+# ------------------------------------------------------------------ latency profiles
+from serving.cli.apps import bench_app, profile_app  # noqa: E402
+
+
+def _fit_profile(backend: str, model: Optional[str], name: str, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, kv_cache_gib: float, samples_out: Optional[Path], as_json: bool) -> None:
+    import asyncio
+    import json
+
+    if backend != "vllm":
+        raise typer.BadParameter(f"backend {backend!r}: only 'vllm' can be profiled")
+    from serving.model_prep import default_model_dir, prepare_default_model
+    from serving.profiler import profile_engine
+
+    model_path = model or str(default_model_dir())
+    if model is None:
+        prepare_default_model()
+    path, prof = asyncio.run(profile_engine(
+        model_path, name, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib,
+        samples_out=samples_out, progress=lambda m: typer.echo(m, err=True)))
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), **prof}))
+    else:
+        typer.echo(f"wrote {path}: MAPE (held-out) proserve {prof['mape_detail']['proserve']:.3f}, "
+                   f"slidingserve {prof['mape_detail']['slidingserve']:.3f}; slo_scale {prof['slo_scale']}")
+
+
+@profile_app.callback()
+def profile_main(
+    ctx: typer.Context,
+    backend: Annotated[Optional[str], typer.Option(help="Engine to profile (vllm): `triage profile --backend vllm --model …`")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model path or name (default: the embedded SmolLM2)")] = None,
+    name: Annotated[str, typer.Option(help="Profile name: writes data/profiles/NAME.json")] = "vllm-cpu-smollm2",
+) -> None:
+    """Latency profiles: `profile --backend vllm --model …` (= `profile fit`), `profile show NAME`."""
+    if ctx.invoked_subcommand is None:
+        if backend is None:
+            typer.echo(ctx.get_help())
+            raise typer.Exit(0)
+        _fit_profile(backend, model, name, 32, 512, 2048, 1.0, None, False)
+
+
+@profile_app.command("fit")
+def profile_fit(
+    backend: Annotated[str, typer.Option(help="Engine to profile (vllm)")] = "vllm",
+    model: Annotated[Optional[str], typer.Option(help="Model path or name (default: the embedded SmolLM2)")] = None,
+    name: Annotated[str, typer.Option(help="Profile name: writes data/profiles/NAME.json")] = "vllm-cpu-smollm2",
+    max_num_seqs: int = 32,
+    max_num_batched_tokens: int = 512,
+    max_model_len: int = 2048,
+    kv_cache_gib: float = 1.0,
+    samples_out: Annotated[Optional[Path], typer.Option(help="Also write the raw (batch, seconds) samples here")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Sweep batches on the real engine, fit ProServe and SlidingServe, write the profile."""
+    _fit_profile(backend, model, name, max_num_seqs, max_num_batched_tokens, max_model_len, kv_cache_gib,
+                 samples_out, as_json)
+
+
+@profile_app.command("show")
+def profile_show(
+    name: Annotated[str, typer.Argument(help="Profile name in data/profiles (or a .json path)")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Print a profile: name, fit error (MAPE on held-out batches), estimator, KV, limits."""
+    import json
+
+    from triage.profiles import load_profile
+
+    try:
+        prof = load_profile(name)
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from None
+    out = {"name": prof.name, "mape": prof.raw.get("mape"), **{k: v for k, v in prof.raw.items() if k not in ("name", "mape")}}
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        typer.echo(json.dumps(out, indent=2))
+
+
+# ------------------------------------------------------------------ bench peers
+@bench_app.command("peers")
+def bench_peers(
+    trace: Annotated[Path, typer.Option(help="Trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier")] = 1.0,
+    profile: Annotated[str, typer.Option(help="Latency profile in data/profiles")] = "vllm-cpu-smollm2",
+    limit: Annotated[Optional[int], typer.Option(help="First N requests")] = None,
+    seed: int = 0,
+    scheduler: Annotated[list[str], typer.Option(help="Subset of vllm-fcfs, vllm-priority, triage (repeatable)")] = [],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """vLLM's own Scheduler (fcfs, priority) and our plugin on the same stream, with a
+    model-runner stand-in timed by the profile (no model execution)."""
+    import json
+
+    from serving.peers import SCHEDULERS, compare
+
+    kinds = tuple(scheduler) or SCHEDULERS
+    for k in kinds:
+        if k not in SCHEDULERS:
+            raise typer.BadParameter(f"unknown scheduler {k!r}; known: {', '.join(SCHEDULERS)}")
+    try:
+        out = compare(str(trace), rate_scale=rate_scale, profile_name=profile, limit=limit, seed=seed, schedulers=kinds,
+                      progress=None if as_json else (lambda k, n: typer.echo(f"{k}: {n} done", err=True)))
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    t = Table(title=f"bench peers — {out['requests']} requests, rate x{rate_scale}, profile {out['profile']}")
+    for col in ("scheduler", "TDG ratio", "SLO att.", "ESI-1 SLO", "ESI-2 SLO", "ESI-1 TTFT p99 s", "step p99 µs",
+                "preemptions"):
+        t.add_column(col, justify="right")
+    for r in out["rows"]:
+        pc = r["per_class"]
+        t.add_row(r["scheduler"], fmt(r["tdg_ratio"]), fmt(r["slo_attainment"]),
+                  fmt(pc.get("1", {}).get("slo_attainment")), fmt(pc.get("2", {}).get("slo_attainment")),
+                  fmt(pc.get("1", {}).get("ttft_p99")), fmt(r["step_overhead_p99_us"], 0), str(r["preemptions"]))
+    Console().print(t)

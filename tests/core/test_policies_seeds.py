@@ -16,7 +16,7 @@ from triage.sim.simulator import simulate
 from triage.sim.traces import poisson_trace
 from triage.state import EngineState
 
-SEED_POLICIES = ["edf", "sjf", "vtc"]
+SEED_POLICIES = ["edf", "sjf", "vtc", "fairbatching"]
 PROFILE = load_profile("a5000-qwen1.5-7b")
 CLASSES = load_classes().scaled(PROFILE.slo_scale)
 NOW = 100.0
@@ -175,3 +175,42 @@ def test_vtc_lifts_a_returning_client_to_the_active_minimum():
     add_waiting(st, level=4, prompt=10)  # level 4 comes back with a stale low counter
     pol.plan(st, NOW)
     assert pol.counter[4] >= 500.0
+
+
+# --- fairbatching (seed 002 Alg. 1) ----------------------------------------------------------
+def _fb_state(max_tokens: int) -> tuple[EngineState, Request, Request, Request]:
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=max_tokens))
+    c3 = CLASSES.get(3)
+    # next deadline = arrival + ttft + 10·tpot: slack 0.1 s (urgent) and 5 s (not urgent)
+    urgent = add_decoding(st, level=3, generated=10, arrival=NOW + 0.1 - c3.ttft - 10 * c3.tpot)
+    relaxed = add_decoding(st, level=3, generated=10, arrival=NOW + 5 - c3.ttft - 10 * c3.tpot)
+    prefill = add_waiting(st, level=3, prompt=3000, arrival=NOW)
+    return st, urgent, relaxed, prefill
+
+
+def test_fairbatching_groups_urgent_decode_then_prefill_then_other_decodes():
+    st, urgent, relaxed, prefill = _fb_state(512)
+    plan = make_policy("fairbatching").plan(st, NOW)
+    assert list(plan.tokens) == [urgent.id, prefill.id]   # the token budget ran out before group_nd
+    assert plan.tokens[prefill.id] == 511
+    assert plan.budget_s == pytest.approx(CLASSES.get(3).tpot)  # max(min slack 0.1, min TPOT)
+
+
+def test_fairbatching_chunks_the_prefill_to_the_adaptive_time_budget():
+    st, urgent, relaxed, prefill = _fb_state(8192)
+    plan = make_policy("fairbatching").plan(st, NOW)
+    assert set(plan.tokens) >= {urgent.id, prefill.id}
+    assert 0 < plan.tokens[prefill.id] < 3000           # chunked by time, not by tokens
+    works = [(k, st.requests[rid].computed) for rid, k in plan.tokens.items()]
+    from triage.estimators import Work
+    t = st.estimator.batch_time([Work(*w) for w in works])
+    assert t == pytest.approx(plan.budget_s, rel=0.05)   # the linear model fills the budget
+
+
+def test_fairbatching_linear_model_fits_the_estimator():
+    from triage.policies.fairbatching import linear_step_model
+    est = PROFILE.estimator()
+    a, b, c = linear_step_model(est)
+    assert a == est.t_c and b > 0 and c >= 0
+    for lq, ctx in ((512, 0), (256, 2048), (1, 1000)):
+        assert b * lq + c * ctx == pytest.approx(est._request_time(lq, ctx), rel=0.35)

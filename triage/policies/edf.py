@@ -47,7 +47,9 @@ class EDF(Policy):
             r = reqs[i]
             if i < n_run:
                 running_left -= 1
-                if not b.is_preempted(r) and b.make_room(r, victims):
+                if b.is_preempted(r):
+                    continue
+                if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
                     b.add(r)
             elif admit_open:
                 if b.add(r) == 0:

@@ -28,7 +28,9 @@ class SJF(Policy):
         for r in view.running:
             if b.tokens_left <= 0:
                 break
-            if not b.is_preempted(r) and b.make_room(r, victims):
+            if b.is_preempted(r):
+                continue
+            if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
                 b.add(r)
         n = view.columns.n
         if b.preemptions or not n or b.full or b.seats_left <= 0:

@@ -57,7 +57,9 @@ class VTC(Policy):
         for r in [*(r for r in run if r.need == 1), *(r for r in run if r.need > 1)]:
             if b.tokens_left <= 0:
                 break
-            if not b.is_preempted(r) and b.make_room(r, victims):
+            if b.is_preempted(r):
+                continue
+            if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
                 k = b.add(r)
                 if k:
                     self._charge(view, r.level, k, decode=r.generated > 0 and r.need == 1)

@@ -16,7 +16,7 @@ from triage.sim.simulator import simulate
 from triage.sim.traces import poisson_trace
 from triage.state import EngineState
 
-SEED_POLICIES = ["edf", "sjf", "vtc", "fairbatching"]
+SEED_POLICIES = ["edf", "sjf", "vtc", "fairbatching", "sedf"]
 PROFILE = load_profile("a5000-qwen1.5-7b")
 CLASSES = load_classes().scaled(PROFILE.slo_scale)
 NOW = 100.0
@@ -214,3 +214,57 @@ def test_fairbatching_linear_model_fits_the_estimator():
     assert a == est.t_c and b > 0 and c >= 0
     for lq, ctx in ((512, 0), (256, 2048), (1, 1000)):
         assert b * lq + c * ctx == pytest.approx(est._request_time(lq, ctx), rel=0.35)
+
+
+# --- sedf (seed 003 Eq. 3, Alg. 1, Alg. 2) ---------------------------------------------------
+def test_sedf_priority_is_sign_of_slack_over_deadline():
+    from triage.policies.sedf import SEDF
+    dl = np.array([110.0, 105.0, 101.0, 103.0])
+    ttft = np.array([1.0, 1.0, 5.0, 4.0])      # the last two cannot make it any more
+    pr = SEDF.priority(dl, ttft, 100.0)
+    assert list(np.argsort(-pr, kind="stable")) == [1, 0, 3, 2]  # feasible EDF, then infeasible
+
+
+def test_sedf_arrival_pauses_the_execution_and_completion_resumes_it():
+    st = make_state()
+    pol = make_policy("sedf")
+    low = add_prefilling(st, computed=512, prompt=4000, level=5, arrival=NOW - 1)
+    p1 = pol.plan(st, NOW)
+    assert low.id in p1.tokens
+    urgent = add_waiting(st, level=1, prompt=300, arrival=NOW)       # arrival event, earlier deadline
+    p2 = pol.plan(st, NOW)
+    assert urgent.id in p2.tokens and low.id not in p2.tokens
+    assert not p2.preemptions                                         # paused, KV kept
+    assert st.kv.blocks_of(low.id) > 0
+    st.remove(urgent.id)                                              # completion event
+    p3 = pol.plan(st, NOW)
+    assert low.id in p3.tokens                                        # resume_execution(H)
+
+
+def test_sedf_keeps_the_execution_between_events():
+    st = make_state()
+    pol = make_policy("sedf")
+    a = add_prefilling(st, computed=512, prompt=4000, level=3, arrival=NOW - 1)
+    pol.plan(st, NOW)
+    # a request that S-EDF would rank first appears in the state without an event being
+    # seen (same newest seq, same count): the execution is not re-ranked
+    b = add_waiting(st, level=1, prompt=100, arrival=NOW)
+    pol._seen = (b.seq, len(st.requests))
+    assert a.id in pol.plan(st, NOW).tokens
+
+
+def test_sedf_slo_aware_batching_respects_deadline_and_token_budget():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    pol = make_policy("sedf", token_budget=1000)
+    h = add_waiting(st, level=1, prompt=400, arrival=NOW)            # T_remain = 2 s
+    small = add_waiting(st, level=2, prompt=300, arrival=NOW)
+    big = add_waiting(st, level=2, prompt=500, arrival=NOW)           # 400+300+500 >= G
+    tiny = add_waiting(st, level=3, prompt=200, arrival=NOW)
+    plan = pol.plan(st, NOW)
+    assert list(plan.tokens) == [h.id, small.id, tiny.id]
+    assert big.id not in plan.tokens
+    # a deadline too close for company: H runs alone
+    st2 = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    h2 = add_waiting(st2, level=1, prompt=1000, arrival=NOW - CLASSES.get(1).ttft + 0.3)
+    add_waiting(st2, level=2, prompt=300, arrival=NOW)
+    assert list(make_policy("sedf").plan(st2, NOW).tokens) == [h2.id]

@@ -16,7 +16,7 @@ from triage.sim.simulator import simulate
 from triage.sim.traces import poisson_trace
 from triage.state import EngineState
 
-SEED_POLICIES = ["edf", "sjf", "vtc", "fairbatching", "sedf"]
+SEED_POLICIES = ["edf", "sjf", "vtc", "fairbatching", "sedf", "slidingserve"]
 PROFILE = load_profile("a5000-qwen1.5-7b")
 CLASSES = load_classes().scaled(PROFILE.slo_scale)
 NOW = 100.0
@@ -268,3 +268,71 @@ def test_sedf_slo_aware_batching_respects_deadline_and_token_budget():
     h2 = add_waiting(st2, level=1, prompt=1000, arrival=NOW - CLASSES.get(1).ttft + 0.3)
     add_waiting(st2, level=2, prompt=300, arrival=NOW)
     assert list(make_policy("sedf").plan(st2, NOW).tokens) == [h2.id]
+
+
+# --- slidingserve (seed 001): each component switched off changes the plan ------------------
+def _ss(**kw):
+    return make_policy("slidingserve", **kw)
+
+
+def test_slidingserve_mlps_puts_urgent_before_short_and_short_before_long():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=512), estimator="slidingserve")
+    longer = add_waiting(st, level=5, prompt=300, arrival=NOW - 3)                # arrived first, relaxed
+    short = add_waiting(st, level=5, prompt=100, arrival=NOW - 2)
+    urgent = add_waiting(st, level=1, prompt=2000, arrival=NOW - CLASSES.get(1).ttft + 0.3)  # 0.3 s slack
+    on = _ss(constructor=False).plan(st, NOW)
+    off = _ss(mlps=False, constructor=False).plan(st, NOW)
+    assert list(on.tokens)[0] == urgent.id                                        # Eq. 12: urgency first
+    q, _, _ = _ss().sort(st, NOW, [], rho=4000.0)
+    assert [r.id for r in q] == [urgent.id, short.id, longer.id]                  # then shortest r_i
+    assert list(off.tokens)[:2] == [longer.id, short.id]                          # ablation: arrival order
+
+
+def test_slidingserve_chunker_balances_two_iterations_instead_of_filling_the_first():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192), estimator="slidingserve")
+    c1 = CLASSES.get(1)
+    # a decode 1 s ahead of its envelope (T_cur = 1.0) with a 0.2 s TBT (T_next = 0.2)
+    add_decoding(st, level=1, generated=10, arrival=NOW + 1.0 - c1.ttft - 10 * c1.tpot)
+    big = add_waiting(st, level=5, prompt=8000, arrival=NOW)
+    on = _ss().plan(st, NOW)
+    off = _ss(chunker=False).plan(st, NOW)
+    assert 0 < on.tokens[big.id] < off.tokens[big.id]                             # under-uses T_cur
+    assert off.predicted_s <= 1.0 + 1e-6                                          # greedy fills T_cur
+    # the split is near B_Σ/2 (Eq. 9 with a convex predictor)
+    pol = _ss()
+    from triage.policies.slidingserve import Predictor
+    dec = [r for r in st.running]
+    pred = Predictor(st.estimator, dec)
+    b_sum = pred.time_to_budget(1.2, 16000, lambda b: [(b, 0)] if b else [])
+    assert abs(on.tokens[big.id] - b_sum / 2) <= 0.05 * b_sum
+
+
+def test_slidingserve_batch_constructor_trims_the_batch_to_the_anchor_deadline():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=2048), estimator="slidingserve")
+    anchor = add_waiting(st, level=1, prompt=300, arrival=NOW - CLASSES.get(1).ttft + 0.3)  # 0.3 s slack
+    r600 = add_waiting(st, level=5, prompt=600, arrival=NOW)
+    r500 = add_waiting(st, level=5, prompt=500, arrival=NOW)
+    r400 = add_waiting(st, level=5, prompt=400, arrival=NOW)
+    on = _ss().plan(st, NOW)
+    off = _ss(constructor=False).plan(st, NOW)
+    assert set(off.tokens) == {anchor.id, r600.id, r500.id, r400.id}
+    assert off.predicted_s > 0.3                                                  # the anchor would miss
+    assert on.tokens[anchor.id] == 300                                            # anchor completes its prefill
+    assert set(on.tokens) == {anchor.id, r500.id, r400.id}                       # knapsack: 900 ≤ C_a − r_a
+    assert on.predicted_s < 0.3
+
+
+def test_knapsack_matches_brute_force():
+    import itertools
+    from triage.policies.slidingserve import knapsack
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        n = int(rng.integers(1, 8))
+        w = rng.integers(1, 40, size=n).tolist()
+        v = rng.uniform(0.1, 5, size=n).tolist()
+        cap = int(rng.integers(0, 100))
+        got = knapsack(w, v, cap)
+        assert sum(w[i] for i in got) <= cap
+        best = max((sum(v[i] for i in s) for k in range(n + 1) for s in itertools.combinations(range(n), k)
+                    if sum(w[i] for i in s) <= cap), default=0.0)
+        assert sum(v[i] for i in got) == pytest.approx(best)

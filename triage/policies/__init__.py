@@ -2,7 +2,7 @@
 from triage.policies.base import POLICIES, Policy, SchedulerView, register
 from triage.policies import (  # noqa: F401  (registration)
     fcfs, sarathi, hpjf, semantic, slidebatching, triage_policy,
-    edf, sjf, vtc, fairbatching, sedf,
+    edf, sjf, vtc, fairbatching, sedf, slidingserve,
 )
 
 

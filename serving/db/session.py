@@ -26,7 +26,10 @@ def make_engine(url: str, *, busy_timeout_s: float = 2.0) -> Engine:
 
         return eng
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                         connect_args={"connect_timeout": 3})
+                         # a dead peer must not hang the writer: TCP keepalive and a statement timeout
+                         connect_args={"connect_timeout": 3, "keepalives": 1, "keepalives_idle": 5,
+                                       "keepalives_interval": 2, "keepalives_count": 2,
+                                       "options": "-c statement_timeout=15000"})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -134,17 +134,21 @@ class TcpProxy:
                     pass
 
     def cut(self) -> None:
-        if self._listener:
+        if self._listener:   # shutdown first: close() alone leaves a blocked accept() listening
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._listener.close()
             self._listener = None
         with self._lock:
             socks, self._socks = self._socks, []
-        for s in socks:
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                s.close()
-            except OSError:
-                pass
+        for s in socks:   # shutdown wakes the pump threads blocked in recv, then the peers see EOF
+            for op in (lambda: s.shutdown(socket.SHUT_RDWR), s.close):
+                try:
+                    op()
+                except OSError:
+                    pass
 
 
 def _rows(db) -> int:

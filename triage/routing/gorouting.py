@@ -1,0 +1,134 @@
+"""`gorouting`: ProServe's GoRouting (seed 000 §4.3, Algorithm 2), PD disaggregated and
+PD co-located.
+
+    for p in P:                                               (Alg. 2 lines 2-7)
+        Q ← PrefillQueueMap[p]
+        Δp ← ESTIMATEGAIN(Q ∪ {req}) − ESTIMATEGAIN(Q)
+    C ← {p : Δp ≥ α·Δmax}                                     (line 8, candidates)
+    if Δmax > 0:
+        L ← {p ∈ C : EXEC(p) < μ·TTFT_slo};  H ← {p ∈ C : EXEC(p, req) > λ·TTFT_slo}
+        L ≠ ∅      → argmin_L EXEC(p)     (light: the most idle)
+        C \\ H ≠ ∅  → argmax_{C\\H} EXEC(p) (the heaviest that is not heavy: keep idle
+                                            capacity for later long, urgent requests)
+        else       → argmin_C EXEC(p)     (all heavy: the least loaded)
+    else:          RANDOMSELECT(P)       (seeded)
+    decode instance ← the most free KV blocks                 (line 20)
+
+PrefillQueueMap[p] is the router's own list of requests dispatched to p whose first
+token has not come back, each with its predicted prefill time on p (`on_dispatch` adds,
+`on_first_token` removes), stamped with the time ts_p of its last update. EXEC(p) is the
+queue's predicted prefill time minus the elapsed time now − ts_p (timestamp lag
+compensation: the head of the queue has been running since the last update).
+
+ESTIMATEGAIN(Q) is the first-token gain Σ_{r∈Q} w_first·w_p(r)·1[now + φ(Q) < deadline_1(r)]
+under a conservative load judgment: every request of Q is assumed done only when all of
+Q is (§4.2's conservative view).
+  - PD disaggregated (prefill instances): φp(Q) = EXEC(p) + |Q|·t_c.
+  - PD co-located: φa(Q) = t_budget/(t_budget − t_c) · (EXEC(p) + n_d·b_d), with n_d the
+    instance's decoding requests (counted from first token to finish), b_d the average
+    decode time and t_budget = min(min remaining time of Q's prefills, TPOT_slo).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from triage.request import Request
+from triage.routing.base import InstanceLoad, Router, register
+
+
+class _Queue:
+    __slots__ = ("reqs", "ts", "n_d")
+
+    def __init__(self) -> None:
+        self.reqs: dict[str, tuple[Request, float]] = {}   # id -> (request, predicted prefill s)
+        self.ts = 0.0
+        self.n_d = 0
+
+
+@register("gorouting")
+class GoRouting(Router):
+    def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.75, decode_context: int = 1024,
+                 seed: int = 0) -> None:
+        self.alpha = alpha                  # candidate threshold on Δ
+        self.mu = mu                        # light: EXEC(p) < μ·TTFT_slo
+        self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo
+        self.decode_context = decode_context  # context at which b_d (average decode time) is taken
+        self._rng = np.random.default_rng(seed)
+        self._map: dict[int, _Queue] = {}   # PrefillQueueMap (plus n_d per instance)
+
+    def _q(self, p: InstanceLoad) -> _Queue:
+        q = self._map.get(p.index)
+        if q is None:
+            q = self._map[p.index] = _Queue()
+        return q
+
+    # --- ESTIMATEEXEC and ESTIMATEGAIN ---------------------------------------------------------
+    def exec_time(self, p: InstanceLoad, now: float) -> float:
+        q = self._q(p)
+        queued = sum(t for _, t in q.reqs.values())
+        return max(0.0, queued - (now - q.ts)) if q.reqs else 0.0
+
+    def _phi(self, p: InstanceLoad, reqs: list[Request], exec_s: float, now: float) -> float:
+        est = p.estimator
+        t_c = est.beta * est.t_c
+        if p.role == "prefill":                                           # φp
+            return exec_s + len(reqs) * t_c
+        exec_s += self._q(p).n_d * est.decode_time(self.decode_context)   # + n_d·b_d
+        remain = min((r.deadline(1) - now for r in reqs), default=np.inf)
+        t_budget = min(remain, min((r.tpot_slo for r in reqs), default=np.inf))
+        if not t_budget > t_c:
+            return np.inf if exec_s > 0 else 0.0
+        return t_budget / (t_budget - t_c) * exec_s                      # φa
+
+    def estimate_gain(self, p: InstanceLoad, reqs: list[Request], exec_s: float, now: float) -> float:
+        done = now + self._phi(p, reqs, exec_s, now)
+        return sum(r.weight for r in reqs if done < r.deadline(1))  # × w_first: same factor for every r
+
+    # --- Alg. 2 ----------------------------------------------------------------------------------
+    def route(self, req: Request, pool: Sequence[InstanceLoad], now: float) -> int:
+        n = len(pool)
+        deltas, execs, execs_req = [], [], []
+        for p in pool:
+            q = [r for r, _ in self._q(p).reqs.values()]
+            e = self.exec_time(p, now)
+            e_req = e + p.estimator.prefill_time(req.need, req.computed)
+            pre = self.estimate_gain(p, q, e, now)                         # line 4
+            post = self.estimate_gain(p, [*q, req], e_req, now)           # line 5
+            deltas.append(post - pre)
+            execs.append(e)
+            execs_req.append(e_req)
+        d_max = max(deltas)
+        if not d_max > 0:
+            return int(self._rng.integers(n))                             # line 19
+        cands = [i for i in range(n) if deltas[i] >= self.alpha * d_max]  # line 8
+        slo = req.ttft_slo
+        light = [i for i in cands if execs[i] < self.mu * slo]            # line 10
+        heavy = {i for i in cands if execs_req[i] > self.lam * slo}       # line 11
+        if light:
+            return min(light, key=lambda i: (execs[i], i))                # line 13
+        rest = [i for i in cands if i not in heavy]
+        if rest:
+            return max(rest, key=lambda i: (execs[i], -i))                # line 15
+        return min(cands, key=lambda i: (execs[i], i))                    # line 17
+
+    # --- PrefillQueueMap upkeep --------------------------------------------------------------------
+    def on_dispatch(self, req: Request, instance: int, now: float, load: InstanceLoad | None = None) -> None:
+        q = self._map.setdefault(instance, _Queue())
+        t = load.estimator.prefill_time(req.need, req.computed) if load is not None else 0.0
+        q.reqs[req.id] = (req, t)
+        q.ts = now
+
+    def on_first_token(self, req: Request, instance: int, now: float) -> None:
+        q = self._map.setdefault(instance, _Queue())
+        if q.reqs.pop(req.id, None) is not None:
+            q.ts = now
+        q.n_d += 1
+
+    def on_finish(self, req: Request, instance: int, now: float) -> None:
+        q = self._map.setdefault(instance, _Queue())
+        if q.reqs.pop(req.id, None) is not None:
+            q.ts = now
+        elif q.n_d > 0:
+            q.n_d -= 1

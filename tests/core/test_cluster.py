@@ -72,3 +72,18 @@ def test_parse_pd():
     for bad in ("3", "0:1", "a:b", "2:0"):
         with pytest.raises(ValueError):
             parse_pd(bad)
+
+
+def test_bench_rows_goodput_and_plot(tmp_path):
+    from triage.sim.bench import bench_policies, goodput, plot_policies
+    from triage.paths import data_dir
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival,prompt_tokens,output_tokens,level\n" +
+                     "".join(f"{i * 0.5},{200 + 10 * i},{20},{1 + i % 5}\n" for i in range(40)))
+    out = bench_policies(trace, ["fcfs", "triage"], [1.0, 4.0], limit=None)
+    assert [(r["policy"], r["rate_scale"]) for r in out["rows"]] == [("fcfs", 1.0), ("triage", 1.0), ("fcfs", 4.0), ("triage", 4.0)]
+    assert all(0 <= r["tdg_ratio"] <= 1 and "1" in r["per_class"] for r in out["rows"])
+    g = goodput(trace, "fcfs", 0.9, limit=None, lo=0.5, hi=64.0, tol=0.5)
+    assert set(g) == {"policy", "goodput_scale"} and 0.5 <= g["goodput_scale"] <= 64.0
+    png = plot_policies(out["rows"], tmp_path / "p.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

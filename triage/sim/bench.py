@@ -1,0 +1,106 @@
+"""Policy benchmarks over a trace (`triage bench policies`, `triage bench goodput`).
+
+    bench_policies: for each rate scale, replay the same trace (first `limit` requests,
+                    levels drawn with `seed`) through every policy, one or several
+                    instances behind a router → rows of TDG ratio and SLO attainment
+    goodput:        the largest rate scale whose overall SLO attainment is ≥ target,
+                    by bisection (attainment falls as the load rises)
+    plot_policies:  TDG ratio and ESI-1 SLO attainment against load, one line per policy
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from triage.classes import load_classes
+from triage.profiles import DEFAULT_PROFILE, load_profile
+from triage.sim.cluster import simulate_cluster
+from triage.sim.metrics import summarize
+from triage.sim.traces import load_trace
+
+
+def _setup(profile: str | None):
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    return prof, load_classes().scaled(prof.slo_scale)
+
+
+def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, seed: int, prof, classes,
+            instances: int = 1, router: str = "round_robin", pd=None) -> dict:
+    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)
+    res = simulate_cluster(trace, policy, prof, classes, instances=instances, router=router, pd=pd, seed=seed)
+    s = summarize(res.requests, classes, policy)
+    return {"policy": policy, "rate_scale": rate_scale, "tdg_ratio": s["tdg_ratio"],
+            "slo_attainment": s["slo_attainment"], "per_class": s["per_class"]}
+
+
+def bench_policies(trace_path: str | Path, policies: Sequence[str], rate_scales: Sequence[float], *,
+                   limit: int | None = 4000, seed: int = 0, profile: str | None = None, instances: int = 1,
+                   router: str = "round_robin", pd=None, progress: Callable[[int], None] | None = None) -> dict:
+    """Every policy at every rate scale; rows ordered by scale, then the given policy order."""
+    prof, classes = _setup(profile)
+    rows = []
+    for sc in rate_scales:
+        for p in policies:
+            rows.append(run_one(trace_path, p, float(sc), limit=limit, seed=seed, prof=prof, classes=classes,
+                                instances=instances, router=router, pd=pd))
+            if progress:
+                progress(len(rows))
+    return {"rows": rows}
+
+
+def goodput(trace_path: str | Path, policy: str, target: float = 0.9, *, limit: int | None = 4000, seed: int = 0,
+            profile: str | None = None, lo: float = 0.01, hi: float = 2.0, tol: float = 0.01,
+            instances: int = 1, router: str = "round_robin", progress: Callable[[int], None] | None = None) -> dict:
+    """Largest rate scale in [lo, hi] with overall SLO attainment ≥ target (to within tol).
+    0.0 when even `lo` misses the target; `hi` when `hi` still meets it."""
+    prof, classes = _setup(profile)
+    calls = 0
+
+    def ok(sc: float) -> bool:
+        nonlocal calls
+        calls += 1
+        row = run_one(trace_path, policy, sc, limit=limit, seed=seed, prof=prof, classes=classes,
+                      instances=instances, router=router)
+        if progress:
+            progress(calls)
+        return (row["slo_attainment"] or 0.0) >= target
+
+    if not ok(lo):
+        return {"policy": policy, "goodput_scale": 0.0}
+    if ok(hi):
+        return {"policy": policy, "goodput_scale": hi}
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"policy": policy, "goodput_scale": round(lo, 6)}
+
+
+def plot_policies(rows: list[dict], path: str | Path) -> Path:
+    """PNG: TDG ratio (left) and ESI-1 SLO attainment (right) against rate scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for p in dict.fromkeys(r["policy"] for r in rows):
+        pts = sorted((r["rate_scale"], r["tdg_ratio"], (r["per_class"].get("1") or {}).get("slo_attainment"))
+                     for r in rows if r["policy"] == p)
+        xs = [x for x, _, _ in pts]
+        ax1.plot(xs, [y for _, y, _ in pts], marker="o", label=p)
+        ax2.plot(xs, [z if z is not None else float("nan") for _, _, z in pts], marker="o", label=p)
+    ax1.set(xlabel="rate scale (load)", ylabel="TDG ratio", title="Token-level deadline-aware gain")
+    ax2.set(xlabel="rate scale (load)", ylabel="SLO attainment", title="ESI-1 SLO attainment")
+    for ax in (ax1, ax2):
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    ax2.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

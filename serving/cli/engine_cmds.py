@@ -74,9 +74,20 @@ def profile_fit(
     max_model_len: int = 2048,
     kv_cache_gib: float = 1.0,
     samples_out: Annotated[Optional[Path], typer.Option(help="Also write the raw (batch, seconds) samples here")] = None,
+    from_samples: Annotated[Optional[Path], typer.Option(help="Refit from samples saved with --samples-out (no engine)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Sweep batches on the real engine, fit ProServe and SlidingServe, write the profile."""
+    if from_samples is not None:
+        import json
+
+        from serving.profiler import refit
+
+        path, prof = refit(from_samples, name)
+        typer.echo(json.dumps({"path": str(path), **prof}) if as_json else
+                   f"wrote {path}: MAPE (held-out) proserve {prof['mape_detail']['proserve']:.3f}, "
+                   f"slidingserve {prof['mape_detail']['slidingserve']:.3f}; slo_scale {prof['slo_scale']}")
+        return
     _fit_profile(backend, model, name, max_num_seqs, max_num_batched_tokens, max_model_len, kv_cache_gib,
                  samples_out, as_json)
 

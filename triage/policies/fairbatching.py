@@ -64,26 +64,20 @@ class FairBatching(Policy):
         return a * est.beta, b * est.beta, c * est.beta
 
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
-        run, n_run = view.running, len(view.running)
-        cols = view.columns.view()
-        reqs = [*run, *view.columns.reqs[: view.columns.n]]
+        n_run = view.run_columns.n
+        rc, cols = view.run_columns.view(), view.columns.view()
+        reqs = view.run_columns.requests() + view.columns.requests()
         if not reqs:
             return BatchPlan()
         # lines 13-20: slack and the adaptive time budget
-        rr = np.array([(r.next_deadline, r.need, r.computed, r.tpot_slo, r.seq, r.need == 1 and r.generated > 0)
-                       for r in run], dtype=float).reshape(n_run, 6)
-        lv = view.classes.levels
-        lut = np.full(lv[-1] + 1, np.inf)
-        lut[list(lv)] = [view.classes.get(x).tpot for x in lv]
-        tpot_w = lut[cols["level"].astype(int)]
-        slack = np.concatenate([rr[:, 0], cols["deadline"]]) - now
-        need = np.concatenate([rr[:, 1], cols["need"]])
-        context = np.concatenate([rr[:, 2], cols["computed"]])
-        seq = np.concatenate([rr[:, 4], cols["seq"]])
-        min_tpot = float(np.concatenate([rr[:, 3], tpot_w]).min())
+        slack = np.concatenate([rc["deadline"], cols["deadline"]]) - now
+        need = np.concatenate([rc["need"], cols["need"]])
+        context = np.concatenate([rc["computed"], cols["computed"]])
+        seq = np.concatenate([rc["seq"], cols["seq"]])
+        min_tpot = float(np.concatenate([rc["tpot"], cols["tpot"]]).min())
         init_time_budget = max(float(slack.min()), min_tpot)
         # lines 21-33: three groups, each by slack
-        is_decode = np.concatenate([rr[:, 5].astype(bool), np.zeros(len(cols["level"]), bool)])
+        is_decode = np.concatenate([(rc["need"] == 1) & ~np.isnan(rc["last_token"]), np.zeros(view.columns.n, bool)])
         group = np.where(is_decode, np.where(slack < init_time_budget + min_tpot, URGENT_DECODE, NONURGENT_DECODE), PREFILL)
         order = np.lexsort((seq, slack, group)).tolist()
 

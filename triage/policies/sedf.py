@@ -136,10 +136,8 @@ class SEDF(Policy):
         for r in view.running:
             if r.need != 1 or b.tokens_left <= 0:
                 continue
-            if b.is_preempted(r):
-                continue
-            if b.blocks_short(r, 1) == 0 or b.make_room(r, victims):
-                b.add(r)
+            if not b.is_preempted(r):
+                b.add_or_evict(r, victims)
         in_exec = set(self._exec)
         paused = [r for r in view.running if r.need > 1 and r.id not in in_exec]
         for rid in self._exec:

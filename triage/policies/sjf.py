@@ -28,17 +28,14 @@ class SJF(Policy):
         for r in view.running:
             if b.tokens_left <= 0:
                 break
-            if b.is_preempted(r):
-                continue
-            if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
-                b.add(r)
+            if not b.is_preempted(r):
+                b.add_or_evict(r, victims)
         n = view.columns.n
         if b.preemptions or not n or b.full or b.seats_left <= 0:
             return b.build()
         cols = view.columns.view()
-        reqs = view.columns.reqs[:n]
-        length = np.fromiter((r.predicted_output_len - r.generated for r in reqs), float, n)
-        for i in np.lexsort((cols["seq"], cols["need"], np.maximum(length, 1.0))).tolist():
+        reqs = view.columns.requests()
+        for i in np.lexsort((cols["seq"], cols["need"], cols["rem_out"])).tolist():
             if b.full or b.add(reqs[i]) == 0:
                 break
         return b.build()

@@ -210,10 +210,8 @@ class SlidingServe(Policy):
         for r in decodes:
             if b.tokens_left <= 0:
                 break
-            if b.is_preempted(r):
-                continue
-            if b.blocks_short(r, 1) == 0 or b.make_room(r, victims):
-                b.add(r)
+            if not b.is_preempted(r):
+                b.add_or_evict(r, victims)
         prefills = [r for r in view.running if not (r.need == 1 and r.generated > 0) and not b.is_preempted(r)]
         if b.tokens_left <= 0 or not (prefills or view.columns.n):
             return b.build()

@@ -59,10 +59,9 @@ class VTC(Policy):
                 break
             if b.is_preempted(r):
                 continue
-            if b.blocks_short(r, min(r.need, b.tokens_left)) == 0 or b.make_room(r, victims):
-                k = b.add(r)
-                if k:
-                    self._charge(view, r.level, k, decode=r.generated > 0 and r.need == 1)
+            k = b.add_or_evict(r, victims)
+            if k:
+                self._charge(view, r.level, k, decode=r.generated > 0 and r.need == 1)
         if b.preemptions or not n or b.full:
             return b.build()
 

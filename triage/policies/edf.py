@@ -27,7 +27,6 @@ from triage.policies.builder import BatchBuilder
 @register("edf")
 class EDF(Policy):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
-        run = view.running
         n_run = view.run_columns.n
         rc, cols = view.run_columns.view(), view.columns.view()
         reqs = view.run_columns.requests() + view.columns.requests()
@@ -38,18 +37,27 @@ class EDF(Policy):
         order = np.lexsort((seq, dl))
 
         b = BatchBuilder(view)
-        key = lambda r: (r.next_deadline, r.seq)  # noqa: E731
-        victims = sorted(run, key=key)  # latest deadline last: preempted first
-        running_left, admit_open = n_run, True
-        for i in order.tolist():
-            if b.full or (running_left == 0 and not admit_open):
+        victims = [reqs[i] for i in np.lexsort((rc["seq"], rc["deadline"])).tolist()]  # latest deadline last
+        order_l = order.tolist()
+        admit_open = b.seats_left > 0
+        pos = 0
+        for pos, i in enumerate(order_l):
+            if b.full or not admit_open:
                 break
             r = reqs[i]
             if i < n_run:
-                running_left -= 1
                 if not b.is_preempted(r):
                     b.add_or_evict(r, victims)
-            elif admit_open:
-                if b.add(r) == 0:
-                    admit_open = False
+            elif b.add(r) == 0:
+                admit_open = False
+        else:
+            pos = len(order_l)
+        if not admit_open:                       # admission closed: only running requests remain
+            tail = order[pos:]
+            for i in tail[tail < n_run].tolist():
+                if b.full:
+                    break
+                r = reqs[i]
+                if not b.is_preempted(r):
+                    b.add_or_evict(r, victims)
         return b.build()

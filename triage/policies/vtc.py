@@ -52,24 +52,31 @@ class VTC(Policy):
         self._waiting_levels = levels
 
         b = BatchBuilder(view)
-        run = view.running
-        victims = list(run)
-        for r in [*(r for r in run if r.need == 1), *(r for r in run if r.need > 1)]:
+        victims = list(view.running)
+        rreqs, rneed = view.run_columns.requests(), view.run_columns.view()["need"]
+        rseq = view.run_columns.view()["seq"]
+        served: dict[tuple[int, bool], int] = {}
+        # decodes, then continuing prefills, each in admission (arrival) order
+        for i in np.lexsort((rseq, rneed > 1)).tolist():
+            r = rreqs[i]
             if b.tokens_left <= 0:
                 break
             if b.is_preempted(r):
                 continue
             k = b.add_or_evict(r, victims)
             if k:
-                self._charge(view, r.level, k, decode=r.generated > 0 and r.need == 1)
+                key = (r.level, r.generated > 0 and k == 1 and r.need == 1)
+                served[key] = served.get(key, 0) + k
+        for (level, decode), k in sorted(served.items()):
+            self._charge(view, level, k, decode=decode)
         if b.preemptions or not n or b.full:
             return b.build()
 
         reqs = view.columns.reqs[:n]
         order = np.lexsort((cols["seq"], wlev))
         lv = wlev[order]
-        starts = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1]])
-        ends = np.r_[starts[1:], len(lv)]
+        starts = np.flatnonzero(np.concatenate(([True], lv[1:] != lv[:-1])))
+        ends = np.concatenate((starts[1:], [len(lv)]))
         queues = {int(lv[s]): (s, e) for s, e in zip(starts.tolist(), ends.tolist())}
         heap = [(self.counter.get(c, 0.0), c) for c in queues]
         heapq.heapify(heap)

@@ -26,8 +26,8 @@ prefill throughput at a full step. g_i marks requests mid-stream (running prefil
 S_a is drawn from the first `max_candidates` requests of Q (the review's |S_a| ≤ 50).
 The knapsack is a row-vectorised DP. Overhead budget: up to 5 ms p99 at 1,000 waiting +
 256 running (the other policies: 1 ms). Measured (`triage.overhead.build_state(1000, 256)`,
-300 plans, thread CPU time, shared 2-core machine at load ~10): p50 1.07 ms, p99 1.80 ms
-(fcfs on the same run: p50 0.47 ms, p99 0.71 ms).
+300 plans, thread CPU time, shared 2-core machine at load ~5): p50 0.93 ms, p99 1.74 ms
+(fcfs on the same run: p50 0.47 ms, p99 0.72 ms).
 
 Ablations (§4.5, each switch independent): `mlps=False` orders P_t by arrival (running
 first); `chunker=False` takes the greedy chunk TimeToBudget(T_cur); `constructor=False`

@@ -31,6 +31,7 @@ class BatchBuilder:
         self.seats_left = lim.max_num_seqs - len(view.running)
         self.free_blocks = view.kv.free_blocks
         self._held = view.kv._held
+        self._decode_time = self.est.decode_time
         self.budget = time_budget
         self.time_left = math.inf if time_budget is None else time_budget - self.est.beta * self.est.t_c
         self.predicted = self.est.beta * self.est.t_c
@@ -58,6 +59,8 @@ class BatchBuilder:
         computed = r.computed
         known = r.prompt_len + r.generated
         need = known - computed
+        if need == 1 and computed and rid in self._held:  # fast path: a running decode
+            return self._add_decode(rid, computed, use_time)
         want = need if want is None or want > need else want
         if want <= 0:
             return 0
@@ -103,6 +106,24 @@ class BatchBuilder:
         if admitting:
             self.seats_left -= 1
         return k
+
+    def _add_decode(self, rid: str, computed: int, use_time: bool) -> int:
+        if self.tokens_left <= 0:
+            return self._cut("tokens")
+        t = self._decode_time(computed)
+        if use_time and t > self.time_left:
+            return self._cut("time")
+        extra = -(-(computed + 1) // self.bs) - self._held[rid]
+        if extra > 0:
+            if extra > self.free_blocks:
+                return self._cut("memory")
+            self.free_blocks -= extra
+        self.tokens[rid] = 1
+        self.works.append(Work(1, computed))
+        self.tokens_left -= 1
+        self.time_left -= t
+        self.predicted += t
+        return 1
 
     def blocks_short(self, r: Request, want: int | None = None) -> int:
         """Blocks missing for r to get `want` (default: its need) this step."""

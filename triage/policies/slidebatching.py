@@ -22,7 +22,7 @@ import numpy as np
 
 from triage.plan import BatchPlan
 from triage.policies.base import Policy, SchedulerView, register
-from triage.policies.builder import WAITING_STAGES, BatchBuilder
+from triage.policies.builder import BatchBuilder
 from triage.request import Request
 
 
@@ -100,18 +100,21 @@ class SlideBatching(Policy):
         order = q.order(urgent)
         b = BatchBuilder(view, time_budget=t_budget)
         victims = list(view.running)  # the engine underneath (vLLM) preempts the newest first
-        for i in order:
+        admit_open = True
+        for i in order.tolist():
             if b.full:
                 break
             r = q.reqs[i]
-            if b.is_preempted(r):
-                continue
-            if r.stage in WAITING_STAGES:
+            if i < q.n_run:
+                if not b.is_preempted(r):
+                    b.add_or_evict(r, victims)
+            elif admit_open:
                 if b.blocks_short(r) > 0 or b.seats_left <= 0:
-                    break  # "while ... memory is enough"
-            elif not b.make_room(r, victims):
-                continue
-            b.add(r)
+                    # "while ... memory is enough": admissions end here, but the running
+                    # requests later in the order still get their tokens (they hold KV)
+                    admit_open = False
+                else:
+                    b.add(r)
         ensure_progress(b, q, order, t_budget)
         return b.build()
 

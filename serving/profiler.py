@@ -140,6 +140,40 @@ async def sweep(engine, cfg: SweepConfig, progress: Callable[[str], None] | None
     return samples
 
 
+def _rel_lstsq(rows: list[list[float]], ts: list[float]) -> list[float]:
+    """Non-negative least squares of the *relative* error: minimise Σ((x·c - t)/t)²,
+    then refit once without the steps whose relative error exceeds 4x the median
+    (steps slowed by another process on the shared CPU)."""
+    from triage.estimators.base import nonneg_lstsq
+
+    x = np.asarray(rows, dtype=float)
+    t = np.asarray(ts, dtype=float)
+    coef = nonneg_lstsq(x / t[:, None], np.ones_like(t))
+    err = np.abs(x @ coef - t) / t
+    keep = err <= max(4 * float(np.median(err)), 0.05)
+    if keep.sum() >= x.shape[1] * 3 and not keep.all():
+        coef = nonneg_lstsq(x[keep] / t[keep, None], np.ones(int(keep.sum())))
+    return [float(c) for c in coef]
+
+
+def fit_relative(ps, ss, train: list) -> None:
+    """Fit ProServe and SlidingServe (per scenario, global fallback) for relative error:
+    the estimators' own `fit` minimises absolute error, which lets the long prefill
+    steps dominate and leaves the many short decode steps with large relative errors."""
+    from triage.estimators.slidingserve import MIN_SAMPLES, SCENARIOS, features, scenario
+
+    coef = _rel_lstsq([ps.features(w) for w, _ in train], [t for _, t in train])
+    ps.a_p, ps.b_p, ps.c_p, ps.a_d, ps.b_d, ps.t_c = coef
+    rows = [([1.0] + features(w), t, scenario(w)) for w, t in train]
+    models = {"global": _rel_lstsq([r[0] for r in rows], [r[1] for r in rows])}
+    for s in SCENARIOS:
+        sub = [r for r in rows if r[2] == s]
+        if len(sub) >= MIN_SAMPLES:
+            models[s] = _rel_lstsq([r[0] for r in sub], [r[1] for r in sub])
+    ss.models = models
+    ss.t_c = min(v[0] for v in models.values())
+
+
 def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, holdout: float = 0.2,
                 source: str = "", classes=None) -> dict:
     """Fit both estimators on (1 - holdout) of the steps, MAPE on the rest; the profile dict."""
@@ -153,12 +187,14 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
     test = [data[i] for i in idx[:n_test]]
     train = [data[i] for i in idx[n_test:]]
     ps = ProServeEstimator(0, 0, 0, 0, 0, 0)
-    ps.fit(train)
     ss = SlidingServeEstimator({"global": [0.0] * 8})
-    ss.fit(train)
+    fit_relative(ps, ss, train)
 
     def mape(est) -> float:
         return float(np.mean([abs(est._batch_time(w) - t) / t for w, t in test]))
+
+    def mdape(est) -> float:
+        return float(np.median([abs(est._batch_time(w) - t) / t for w, t in test]))
 
     ratios = np.array([t / ps._batch_time(w) for w, t in train if ps._batch_time(w) > 0])
     noise_cv = float(np.std(ratios) / np.mean(ratios)) if len(ratios) else 0.0
@@ -170,7 +206,11 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
     full_step = ps._batch_time([Work(bt - (seqs - 1), 0)] + [Work(1, 1000)] * (seqs - 1))
     # A 1,024-token prompt alone, chunked at the token budget.
     ttft_1k = sum(ps._batch_time([Work(min(bt, 1024 - s), s)]) for s in range(0, 1024, bt))
-    need = max(full_step / c1.tpot, ttft_1k / c1.ttft, 1.0)
+    # Light load must meet the SLOs despite step-time noise: take the noise's 99th
+    # percentile (lognormal, mean 1, the cv measured above), as the simulator draws it.
+    sigma = float(np.sqrt(np.log1p(noise_cv ** 2)))
+    q99 = float(np.exp(-sigma * sigma / 2 + 2.326 * sigma))
+    need = max(full_step * q99 / c1.tpot, ttft_1k * q99 / c1.ttft, 1.0)
     slo_scale = float(np.ceil(need * 2) / 2)
     kinds = {"decode": 0, "prefill": 0, "mixed": 0}
     from triage.estimators.slidingserve import scenario
@@ -192,12 +232,16 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         "noise_cv": round(noise_cv, 4),
         "mape": round(mape(ps), 4),
         "mape_detail": {"proserve": round(mape(ps), 4), "slidingserve": round(mape(ss), 4),
+                        "proserve_median_ape": round(mdape(ps), 4), "slidingserve_median_ape": round(mdape(ss), 4),
+                        "fit": "relative least squares, non-negative, one outlier pass (steps > 4x median error)",
                         "held_out_steps": len(test), "train_steps": len(train), "steps_by_scenario": kinds},
         "slo_note": (
             f"SLOs x{slo_scale} on this CPU: a full mixed step ({bt}-token budget beside {seqs - 1} decodes) "
-            f"takes {full_step:.3f} s against the ESI-1 TPOT SLO of {c1.tpot} s, and a 1,024-token prompt "
-            f"alone {ttft_1k:.3f} s against its TTFT SLO of {c1.ttft} s; slo_scale is the smallest multiple "
-            f"of 0.5 that makes both attainable at light load."),
+            f"takes {full_step:.3f} s (x{q99:.2f} at the 99th percentile of the measured step-time noise, "
+            f"cv {noise_cv:.2f}) against the ESI-1 TPOT SLO of {c1.tpot} s, and a 1,024-token prompt alone "
+            f"{ttft_1k:.3f} s against its TTFT SLO of {c1.ttft} s; slo_scale is the smallest multiple of 0.5 that "
+            f"makes both attainable at light load. The step times were measured on a 2-core VM shared with "
+            f"other jobs (load average 5-18 during the sweep), which is what makes them slow and noisy."),
     }
 
 

@@ -364,7 +364,12 @@ def make(rng: random.Random, level: int) -> dict:
         pain = rng.randint(1, 6) if level == 3 else rng.randint(1, 9 if level == 4 else 4)
     who, pro = rng.choice(WHO_LAY)
     if style == "nurse":
-        text = nurse(rng, rng.choice(shorts), age, v, mental, pain, level)
+        short = rng.choice(shorts)
+        text = nurse(rng, short, age, v, mental, pain, level)
+        if level == 2 and rule == "B:high-risk" and short in STABLE_TO_3 and not _danger(v, age):
+            # revision 2: a stable, alert presentation of these complaints needs >= 2 resources but
+            # meets no level-2 criterion (ESI v4: high risk is judged with the vital signs)
+            return {"text": text, "level": 3, "style": style, "rule": "C:2+resources(stable,rev2)"}
     elif style == "dispatch":
         if who == "i":
             who, pro = "my father", "he"
@@ -375,6 +380,17 @@ def make(rng: random.Random, level: int) -> dict:
         base = lay(rng, rng.choice(lays), who, pro, age)
         text = typo(rng, base) if style == "typo" else base
     return {"text": text, "level": level, "style": style, "rule": rule}
+
+
+# Revision 2 (see DATACARD.md): nurse-shorthand complaints that are level 2 only when the patient
+# is unstable; with normal vital signs and alert they are level 3 (two or more resources).
+STABLE_TO_3 = {"dyspnea", "SOB", "shortness of breath", "resp difficulty", "melena", "hematochezia",
+               "post seizure", "seizure", "convulsion", "seizure like activity", "palpitation, dizziness"}
+
+
+def _danger(v: dict, age: int) -> bool:
+    hr_max, rr_max = hr_rr_limits(age)
+    return v["HR"] > hr_max or v["RR"] > rr_max or v["SpO2"] < 92 or v["SBP"] < 90
 
 
 def build() -> list[dict]:
@@ -405,8 +421,44 @@ def build() -> list[dict]:
     return [{k: r[k] for k in ("id", "text", "level", "split", "style", "rule")} for r in rows]
 
 
+SUPPLEMENT_SEED = SEED + 2
+SUPPLEMENT_N = 240
+STABLE_L3 = [  # revision 2: stable, alert presentations (>= 2 resources, no level-2 criterion)
+    "dyspnea", "SOB", "shortness of breath", "dyspnea on exertion", "cough, SOB", "resp difficulty", "palpitation",
+    "chest palpitation", "irregular heartbeat", "melena", "hematochezia", "blood in stool", "post seizure",
+    "seizure, known epilepsy", "convulsion, now alert", "seizure like activity", "vaginal bleeding", "hemoptysis, small amount",
+    "epigastric pain", "fever", "vomiting", "facial palsy, isolated", "anxiety, hyperventilation", "head injury, minor"]
+
+
+def supplement(start_id: int) -> list[dict]:
+    """Revision 2 rows, appended after the original 2,570 (which keep their ids and texts):
+    nurse-style level-3 messages for complaints that are level 2 only when unstable, each
+    with normal vitals and an alert patient; one in four is written with danger-zone vitals
+    instead and labelled 2 (decision point D), so the pair teaches the vital signs."""
+    rng = random.Random(SUPPLEMENT_SEED)
+    rows = []
+    for i in range(SUPPLEMENT_N):
+        age = rng.randint(18, 90)
+        danger = rng.random() < 0.25
+        v = vitals(rng, age, "danger" if danger else "normal")
+        pain = rng.randint(1, 6) if rng.random() < 0.3 else None
+        text = nurse(rng, rng.choice(STABLE_L3), age, v, rng.choice(MENTAL_OK), pain, 3)
+        rows.append({"text": text, "level": 2 if danger else 3, "style": "nurse",
+                     "rule": "D:danger-zone-vitals(rev2)" if danger else "C:2+resources(stable,rev2)"})
+    for level in (2, 3):
+        idx = [i for i, r in enumerate(rows) if r["level"] == level]
+        n_tr, n_va = int(len(idx) * SPLIT[0]), int(len(idx) * SPLIT[1])
+        for j, i in enumerate(idx):
+            rows[i]["split"] = "train" if j < n_tr else "validation" if j < n_tr + n_va else "test"
+    for i, r in enumerate(rows):
+        r["id"] = f"t{start_id + i:05d}"
+    return [{k: r[k] for k in ("id", "text", "level", "split", "style", "rule")} for r in rows]
+
+
 def main() -> None:
     rows = build()
+    seen = {r["text"].strip().lower() for r in rows}
+    rows += [r for r in supplement(len(rows)) if r["text"].strip().lower() not in seen]
     with OUT.open("w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -135,8 +135,22 @@ def evaluate_urgency(
 
     if dataset not in DATASETS:
         raise typer.BadParameter(f"dataset must be one of {DATASETS}")
-    pred = _load_predictor(threads, escalate_below, no_vitals)
-    rep = run(dataset, pred.levels)
+    from predictors.model import Classifier, ModelMissing, default_model_dir
+    from predictors.urgency import decide_many
+
+    try:
+        clf = Classifier(default_model_dir("urgency"), threads=threads)
+    except ModelMissing as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    thr = clf.meta.escalate_below if escalate_below is None else (None if escalate_below >= 1 else escalate_below)
+
+    def levels(texts):
+        return [d.level for d in decide_many(clf.probs(texts), texts, thr, use_vitals=not no_vitals)]
+
+    rep = run(dataset, levels)
+    rep["escalate_below"] = thr
+    rep["vitals_rules"] = not no_vitals
     rep["dataset"] = dataset
     if as_json:
         typer.echo(json.dumps(rep))

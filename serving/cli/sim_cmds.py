@@ -117,7 +117,8 @@ def bench_overhead(
         from triage.overhead import time_plan
 
         out = time_plan(policy, waiting=waiting, running=running, repeats=repeats, profile=profile or None, seed=seed)
-    typer.echo(json.dumps(out) if as_json else f"{out['name']}: p50 {out['p50_us']:.0f} µs, p99 {out['p99_us']:.0f} µs")
+    cpu = f" (thread CPU: p50 {out['cpu_p50_us']:.0f} µs, p99 {out['cpu_p99_us']:.0f} µs)" if "cpu_p50_us" in out else ""
+    typer.echo(json.dumps(out) if as_json else f"{out['name']}: p50 {out['p50_us']:.0f} µs, p99 {out['p99_us']:.0f} µs{cpu}")
 
 
 def _floats(csv: str) -> list[float]:

@@ -66,6 +66,10 @@ class LatencyEstimator(ABC):
     def decode_time(self, lkv: int) -> float:
         return self.request_time(1, lkv)
 
+    def decode_time_fn(self):
+        """decode_time as a closure with β bound now (hot loops call it per request)."""
+        return self.decode_time
+
     def max_chunk(self, lkv: int, budget: float, cap: int) -> int:
         """Largest lq in [0, cap] with request_time(lq, lkv) <= budget (binary search)."""
         if cap <= 0 or budget <= 0 or self.request_time(1, lkv) > budget:

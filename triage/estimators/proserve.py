@@ -23,6 +23,10 @@ class ProServeEstimator(LatencyEstimator):
             return self.a_d * lkv + self.b_d
         return self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq
 
+    def decode_time_fn(self):
+        a, b = self.beta * self.a_d, self.beta * self.b_d
+        return lambda lkv: a * lkv + b
+
     def request_times(self, lq, lkv):
         import numpy as np
 

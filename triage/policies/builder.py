@@ -31,7 +31,7 @@ class BatchBuilder:
         self.seats_left = lim.max_num_seqs - len(view.running)
         self.free_blocks = view.kv.free_blocks
         self._held = view.kv._held
-        self._decode_time = self.est.decode_time
+        self._decode_time = self.est.decode_time_fn()
         self.budget = time_budget
         self.time_left = math.inf if time_budget is None else time_budget - self.est.beta * self.est.t_c
         self.predicted = self.est.beta * self.est.t_c
@@ -60,7 +60,22 @@ class BatchBuilder:
         known = r.prompt_len + r.generated
         need = known - computed
         if need == 1 and computed and rid in self._held:  # fast path: a running decode
-            return self._add_decode(rid, computed, use_time)
+            if self.tokens_left <= 0:
+                return self._cut("tokens")
+            t = self._decode_time(computed)
+            if use_time and t > self.time_left:
+                return self._cut("time")
+            extra = -(-(computed + 1) // self.bs) - self._held[rid]
+            if extra > 0:
+                if extra > self.free_blocks:
+                    return self._cut("memory")
+                self.free_blocks -= extra
+            self.tokens[rid] = 1
+            self.works.append(Work(1, computed))
+            self.tokens_left -= 1
+            self.time_left -= t
+            self.predicted += t
+            return 1
         want = need if want is None or want > need else want
         if want <= 0:
             return 0
@@ -107,24 +122,6 @@ class BatchBuilder:
             self.seats_left -= 1
         return k
 
-    def _add_decode(self, rid: str, computed: int, use_time: bool) -> int:
-        if self.tokens_left <= 0:
-            return self._cut("tokens")
-        t = self._decode_time(computed)
-        if use_time and t > self.time_left:
-            return self._cut("time")
-        extra = -(-(computed + 1) // self.bs) - self._held[rid]
-        if extra > 0:
-            if extra > self.free_blocks:
-                return self._cut("memory")
-            self.free_blocks -= extra
-        self.tokens[rid] = 1
-        self.works.append(Work(1, computed))
-        self.tokens_left -= 1
-        self.time_left -= t
-        self.predicted += t
-        return 1
-
     def blocks_short(self, r: Request, want: int | None = None) -> int:
         """Blocks missing for r to get `want` (default: its need) this step."""
         want = r.need if want is None else want
@@ -149,7 +146,7 @@ class BatchBuilder:
         """Grant r its tokens, preempting from `victims` first if its KV blocks (or a
         seat) are missing: the fast path costs one `add`."""
         k = self.add(r, whole=True)
-        if k or r.id in self.tokens or self.is_preempted(r):
+        if k or r.id in self.tokens or r.id in self._preempted:
             return k
         if self.make_room(r, victims, outranks=outranks, keep=keep):
             return self.add(r, whole=True)

@@ -11,7 +11,8 @@ state's dual heap for waiting requests. Each step (Alg. 2, stage-aware batching)
     B  ← M[:b]
 
 C and O are merged lazily: the heap is walked in order and stops as soon as b requests
-are chosen, so a step costs O(b log n), not O(n).
+are chosen or the chosen candidates need more than the step's token budget, so a step
+costs O(b log n), not O(n).
 Memory (Alg. 4, priority-based eviction): while a request of B lacks KV blocks (or a
 seat), the running request with the lowest priority (the eviction max-heap's root:
 highest level, then longest remaining time) is evicted if it ranks below the request;
@@ -39,10 +40,12 @@ class Semantic(Policy):
         n = q.n_run
         rt = q.remaining_times(view.estimator)
         run_order = np.lexsort((q.seq[:n], rt, q.level[:n])).tolist()
-        running = [(((q.level[i], rt[i]), q.seq[i]), q.reqs[i]) for i in run_order]  # O, sorted
+        lv, rtl, sq = q.level[:n].tolist(), rt.tolist(), q.seq[:n].tolist()
+        running = [(((int(lv[i]), rtl[i]), int(sq[i])), q.reqs[i]) for i in run_order]  # O, sorted
 
         # B ← top-b of Merge(C, O), C walked lazily from the heap (Alg. 2 lines 3-13)
-        batch, oi, p_star_decoding, extracted = [], 0, None, 0
+        batch, oi, p_star_decoding, extracted, c_tokens = [], 0, None, 0, 0
+        token_cap = view.limits.max_num_batched_tokens
         waiting_decodes = bool((view.columns.view()["need"] == 1).any())
         cands = view.queue.iter_sorted()
         nxt = next(cands, None)
@@ -56,9 +59,13 @@ class Semantic(Policy):
                     continue
             if take_c:
                 extracted += 1
-                nxt = next(cands, None) if extracted < b_max else None  # |C| <= b
                 if p_star_decoding and r.need > 1:
+                    nxt = next(cands, None) if extracted < b_max else None  # |C| <= b
                     continue  # PushBack(C_prefill, H): p* decodes, so no new prefill joins
+                c_tokens += r.need
+                # |C| <= b; and candidates past the step's token budget could get nothing
+                # (B is served in order), so the walk stops there: same plan, less work
+                nxt = next(cands, None) if extracted < b_max and c_tokens < token_cap else None
             else:
                 oi += 1
             batch.append(r)

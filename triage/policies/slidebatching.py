@@ -101,11 +101,13 @@ class SlideBatching(Policy):
         b = BatchBuilder(view, time_budget=t_budget)
         victims = list(view.running)  # the engine underneath (vLLM) preempts the newest first
         admit_open = True
+        running_left = q.n_run
         for i in order.tolist():
-            if b.full:
+            if b.full or (not admit_open and running_left == 0):
                 break
             r = q.reqs[i]
             if i < q.n_run:
+                running_left -= 1
                 if not b.is_preempted(r):
                     b.add_or_evict(r, victims)
             elif admit_open:

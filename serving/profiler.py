@@ -229,6 +229,9 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         "limits": {"max_num_seqs": int(seqs), "max_num_batched_tokens": int(bt),
                    "max_model_len": int(engine_info["max_model_len"])},
         "slo_scale": slo_scale,
+        # SlideBatching's minimum time budget eta (seed 000) is 0.1 s for GPU steps of tens
+        # of ms; on this engine one step costs more than that, so eta = one full mixed step.
+        "policy_params": {p: {"eta": round(full_step, 3)} for p in ("triage", "slidebatching")},
         "noise_cv": round(noise_cv, 4),
         "mape": round(mape(ps), 4),
         "mape_detail": {"proserve": round(mape(ps), 4), "slidingserve": round(mape(ss), 4),

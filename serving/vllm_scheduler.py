@@ -162,8 +162,11 @@ class TriageScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.triage_settings = s = TriageSettings.from_vllm_config(self.vllm_config)
-        self.triage_policy = make_policy(s.policy, **s.policy_params)
         profile = load_profile(s.profile)
+        # A profile may carry hardware-scaled policy parameters (e.g. SlideBatching's
+        # minimum time budget eta, in seconds): {"policy_params": {"triage": {"eta": 1.8}}}
+        params = {**profile.raw.get("policy_params", {}).get(s.policy, {}), **s.policy_params}
+        self.triage_policy = make_policy(s.policy, **params)
         classes = PriorityClasses.from_dict(s.classes) if s.classes else load_classes().scaled(profile.slo_scale)
         est = profile.estimator(s.estimator)
         # Offloading needs vLLM's KV offloading connector; without one every victim recomputes.
@@ -331,7 +334,7 @@ class TriageScheduler(Scheduler):
         dt = time.perf_counter() - t0
         self.tstats.last_plan_s = dt
         self.tstats.plan_overhead_s_max = max(self.tstats.plan_overhead_s_max, dt)
-        self._t_sched_end = time.perf_counter()
+        self._t_sched_end = self.clock()
         return out
 
     def _preempt_ours(self, p: Preemption, now: float) -> None:
@@ -414,7 +417,7 @@ class TriageScheduler(Scheduler):
                 continue
             self._sync(r, req, now)
         if self._pending_works:
-            real = time.perf_counter() - self._t_sched_end
+            real = now - self._t_sched_end  # the step as the scheduler sees it (virtual in bench peers)
             est = st.estimator
             pred = est.uncorrected_batch_time(self._pending_works)
             self.tstats.last_step_s = real

@@ -36,7 +36,6 @@ fi
 export HF_HUB_OFFLINE=1
 echo "[setup] preparing the served model (SmolLM2-135M-Instruct)"
 $VENV/bin/triage models prepare >/dev/null
-if $VENV/bin/triage train --help >/dev/null 2>&1 && $VENV/bin/triage train all --help >/dev/null 2>&1; then
-  $VENV/bin/triage train all --if-missing
-fi
+echo "[setup] training the predictors if missing (urgency, output length; a few minutes the first time)"
+$VENV/bin/triage train all --if-missing
 echo "[setup] done"

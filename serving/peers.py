@@ -140,7 +140,7 @@ class PeerRun:
 def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs: int | None = None,
              max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
              num_blocks: int | None = None, block_size: int | None = None, sched=None,
-             progress: Callable[[int], None] | None = None) -> PeerRun:
+             progress: Callable[[int], None] | None = None, policy_params: dict | None = None) -> PeerRun:
     """Replay `trace` (TraceRequests) through one scheduler with the stand-in runner."""
     from triage.estimators import Work
     from triage.request import Request
@@ -154,7 +154,8 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
     if sched is None:
         sched = build_scheduler(kind, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                triage={"profile": profile.name, "classes": classes.to_dict(), "learn": True})
+                                triage={"profile": profile.name, "classes": classes.to_dict(), "learn": True,
+                                        "policy_params": dict(policy_params or {})})
     truth = profile.estimator("proserve")
     rng = np.random.default_rng(seed)
     cv = profile.noise_cv
@@ -233,7 +234,8 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
 
 
 def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int | None = None, seed: int = 0,
-            schedulers: tuple[str, ...] = SCHEDULERS, progress: Callable[[str, int], None] | None = None) -> dict:
+            schedulers: tuple[str, ...] = SCHEDULERS, progress: Callable[[str, int], None] | None = None,
+            policy_params: dict | None = None) -> dict:
     """The `bench peers` table: one row per scheduler on the same stream."""
     from triage.classes import load_classes
     from triage.profiles import load_profile
@@ -245,7 +247,7 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
     trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)
     rows = []
     for kind in schedulers:
-        run = run_peer(kind, trace, profile, classes, seed=seed,
+        run = run_peer(kind, trace, profile, classes, seed=seed, policy_params=policy_params,
                        progress=(lambda k: progress(kind, k)) if progress else None)
         s = summarize(run.requests, classes, policy=kind)
         ov = np.array(run.overheads_s) * 1e6

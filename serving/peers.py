@@ -22,12 +22,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -227,8 +226,6 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
                     done.append(r)
                     if progress and len(done) % 200 == 0:
                         progress(len(done))
-    for rid, r in mine.items():
-        r.preemptions = 0
     stats = sched.triage_stats() if hasattr(sched, "triage_stats") else None
     return PeerRun(kind, sorted(mine.values(), key=lambda r: r.seq), steps, clock["now"], overheads, preempted, stats)
 
@@ -296,7 +293,7 @@ def peer_overhead(peer: str, waiting: int, running: int, repeats: int, *, prompt
         sched.clock = lambda: 1.0
     # bring `running` requests into decode: admit them in chunks, then sample their first token
     for j in range(running):
-        sched.add_request(make_vllm_request(f"run{j}", int(lens[j]), 10_000 if False else 64, priority=1 + j % 5,
+        sched.add_request(make_vllm_request(f"run{j}", int(lens[j]), 64, priority=1 + j % 5,
                                             arrival=0.0, extra={"level": 1 + j % 5}))
     guard = 0
     while any(r.num_output_tokens == 0 for r in sched.running) or len(sched.running) < running:
@@ -310,9 +307,6 @@ def peer_overhead(peer: str, waiting: int, running: int, repeats: int, *, prompt
                                             arrival=0.5, extra={"level": 1 + j % 5}))
     times = []
     for _ in range(repeats):
-        # freeze: time one schedule(), then undo its effect by replaying the output as
-        # "nothing sampled" is not possible in vLLM; instead measure on a fresh state
-        # obtained by preempting what was admitted (cheap, same queue sizes).
         t0 = time.perf_counter()
         out = sched.schedule()
         times.append(time.perf_counter() - t0)

@@ -49,7 +49,7 @@ from triage.kv import CacheCosts, KVCache
 from triage.plan import BatchPlan, Preemption
 from triage.policies import make_policy
 from triage.profiles import Limits, load_profile
-from triage.request import KVResidency, Request, Stage
+from triage.request import Request, Stage
 from triage.state import EngineState
 
 log = logging.getLogger(__name__)
@@ -328,8 +328,6 @@ class TriageScheduler(Scheduler):
             for r in left:  # vLLM preempted one itself (a mismatch): it went to the swapped queue
                 if id(r) not in present and not r.is_finished():
                     waiting.prepend_request(r)
-            for r in holding:
-                pass  # untouched: requests holding KV while waiting stay where vLLM put them
         self._after_schedule(out, plan, victims, repaired, now)
         dt = time.perf_counter() - t0
         self.tstats.last_plan_s = dt

@@ -122,6 +122,7 @@ def bench_peers(
     limit: Annotated[Optional[int], typer.Option(help="First N requests")] = None,
     seed: int = 0,
     scheduler: Annotated[list[str], typer.Option(help="Subset of vllm-fcfs, vllm-priority, triage (repeatable)")] = [],
+    param: Annotated[list[str], typer.Option(help="Policy parameter of the triage row, KEY=VALUE (repeatable)")] = [],
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """vLLM's own Scheduler (fcfs, priority) and our plugin on the same stream, with a
@@ -135,7 +136,17 @@ def bench_peers(
         if k not in SCHEDULERS:
             raise typer.BadParameter(f"unknown scheduler {k!r}; known: {', '.join(SCHEDULERS)}")
     try:
+        params = {}
+        for p in param:
+            k, sep, v = p.partition("=")
+            if not sep:
+                raise ValueError(f"--param expects KEY=VALUE, got {p!r}")
+            try:
+                params[k] = json.loads(v)
+            except json.JSONDecodeError:
+                params[k] = v
         out = compare(str(trace), rate_scale=rate_scale, profile_name=profile, limit=limit, seed=seed, schedulers=kinds,
+                      policy_params=params or None,
                       progress=None if as_json else (lambda k, n: typer.echo(f"{k}: {n} done", err=True)))
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None

@@ -86,12 +86,16 @@ def plot_policies(rows: list[dict], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for p in dict.fromkeys(r["policy"] for r in rows):
+    styles = ["-", "--", "-.", ":"]
+    for k, p in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         pts = sorted((r["rate_scale"], r["tdg_ratio"], (r["per_class"].get("1") or {}).get("slo_attainment"))
                      for r in rows if r["policy"] == p)
         xs = [x for x, _, _ in pts]
-        ax1.plot(xs, [y for _, y, _ in pts], marker="o", label=p)
-        ax2.plot(xs, [z if z is not None else float("nan") for _, _, z in pts], marker="o", label=p)
+        # 13 policies outnumber the colour cycle: vary the line style too; the product is bold
+        style = dict(marker="o", label=p, linestyle=styles[k // 10 % len(styles)] if p != "triage" else "-",
+                     linewidth=3 if p == "triage" else 1.5, color="black" if p == "triage" else None)
+        ax1.plot(xs, [y for _, y, _ in pts], **style)
+        ax2.plot(xs, [z if z is not None else float("nan") for _, _, z in pts], **style)
     ax1.set(xlabel="rate scale (load)", ylabel="TDG ratio", title="Token-level deadline-aware gain")
     ax2.set(xlabel="rate scale (load)", ylabel="SLO attainment", title="ESI-1 SLO attainment")
     for ax in (ax1, ax2):

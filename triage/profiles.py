@@ -50,6 +50,11 @@ class Profile:
     def noise_cv(self) -> float:
         return float(self.raw.get("noise_cv", 0.0))
 
+    def policy_params(self, policy: str) -> dict:
+        """Policy parameters this hardware needs (e.g. SlideBatching's η must exceed one
+        step's fixed cost): `policy_params.<name>` in the profile file."""
+        return dict(self.raw.get("policy_params", {}).get(policy, {}))
+
     def estimator(self, kind: str = "proserve") -> LatencyEstimator:
         """A fresh estimator (each instance keeps its own online correction β)."""
         if kind == "proserve":

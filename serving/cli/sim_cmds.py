@@ -54,7 +54,8 @@ def simulate(
     classes = load_classes().scaled(prof.slo_scale)
     try:
         reqs = load_trace(trace, limit=limit, rate_scale=rate_scale, seed=seed)
-        pol = make_policy(policy, **_parse_params(param))
+        params = {**prof.policy_params(policy), **_parse_params(param)}
+        pol = make_policy(policy, **params)
     except (ValueError, FileNotFoundError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     with progress_bar(f"simulate {policy}", total=len(reqs)) as advance:
@@ -62,7 +63,7 @@ def simulate(
             from triage.sim.cluster import simulate_cluster
 
             try:
-                res = simulate_cluster(reqs, lambda: make_policy(policy, **_parse_params(param)), prof, classes,
+                res = simulate_cluster(reqs, lambda: make_policy(policy, **params), prof, classes,
                                        instances=instances, router=router, pd=pd, seed=seed, progress=advance)
             except ValueError as e:
                 raise typer.BadParameter(str(e)) from None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from triage.classes import load_classes
+from triage.policies import make_policy
 from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.sim.cluster import simulate_cluster
 from triage.sim.metrics import summarize
@@ -27,7 +28,9 @@ def _setup(profile: str | None):
 def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, seed: int, prof, classes,
             instances: int = 1, router: str = "round_robin", pd=None) -> dict:
     trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)
-    res = simulate_cluster(trace, policy, prof, classes, instances=instances, router=router, pd=pd, seed=seed)
+    params = prof.policy_params(policy)
+    res = simulate_cluster(trace, lambda: make_policy(policy, **params), prof, classes, instances=instances,
+                           router=router, pd=pd, seed=seed)
     s = summarize(res.requests, classes, policy)
     return {"policy": policy, "rate_scale": rate_scale, "tdg_ratio": s["tdg_ratio"],
             "slo_attainment": s["slo_attainment"], "per_class": s["per_class"]}

@@ -87,3 +87,22 @@ class RequestColumns:
 
 
 WaitingColumns = RequestColumns
+
+
+class Joined:
+    """Running rows first, then waiting rows: `j[field]` is one array over both sets,
+    `j.reqs` the matching requests, `j.n_run` where the waiting rows start."""
+
+    def __init__(self, running: RequestColumns, waiting: RequestColumns) -> None:
+        self.n_run = running.n
+        self._run, self._wait = running.view(), waiting.view()
+        self.reqs: list[Request] = running.requests() + waiting.requests()
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __getitem__(self, field: str) -> np.ndarray:
+        return np.concatenate([self._run[field], self._wait[field]])
+
+    def running(self, field: str) -> np.ndarray:
+        return self._run[field]

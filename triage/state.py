@@ -14,7 +14,7 @@ import bisect
 from typing import Iterable
 
 from triage.classes import PriorityClasses
-from triage.columns import RequestColumns
+from triage.columns import Joined, RequestColumns
 from triage.estimators import LatencyEstimator
 from triage.estimators.base import remaining_time
 from triage.kv import CacheCosts, KVCache
@@ -39,6 +39,10 @@ class EngineState:
         self.columns = RequestColumns(1024)
         self.run_columns = RequestColumns(256)
         self.version = 0  # bumped on every change a policy's cache may depend on
+
+    def joined(self) -> Joined:
+        """Running then waiting requests as numpy columns (see columns.py)."""
+        return Joined(self.run_columns, self.columns)
 
     def queue_key(self, r: Request) -> tuple:
         """Seed 004's (f_e, f_t): effective level, then predicted remaining time."""

@@ -27,17 +27,16 @@ from triage.policies.builder import BatchBuilder
 @register("edf")
 class EDF(Policy):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
-        n_run = view.run_columns.n
-        rc, cols = view.run_columns.view(), view.columns.view()
-        reqs = view.run_columns.requests() + view.columns.requests()
+        j = view.joined()
+        n_run, reqs = j.n_run, j.reqs
         if not reqs:
             return BatchPlan()
-        dl = np.concatenate([rc["deadline"], cols["deadline"]])
-        seq = np.concatenate([rc["seq"], cols["seq"]])
+        dl = j["deadline"]
+        seq = j["seq"]
         order = np.lexsort((seq, dl))
 
         b = BatchBuilder(view)
-        victims = [reqs[i] for i in np.lexsort((rc["seq"], rc["deadline"])).tolist()]  # latest deadline last
+        victims = [reqs[i] for i in np.lexsort((j.running("seq"), j.running("deadline"))).tolist()]  # latest deadline last
         order_l = order.tolist()
         admit_open = b.seats_left > 0
         pos = 0

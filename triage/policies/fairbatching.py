@@ -64,20 +64,19 @@ class FairBatching(Policy):
         return a * est.beta, b * est.beta, c * est.beta
 
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
-        n_run = view.run_columns.n
-        rc, cols = view.run_columns.view(), view.columns.view()
-        reqs = view.run_columns.requests() + view.columns.requests()
+        j = view.joined()
+        n_run, reqs = j.n_run, j.reqs
         if not reqs:
             return BatchPlan()
         # lines 13-20: slack and the adaptive time budget
-        slack = np.concatenate([rc["deadline"], cols["deadline"]]) - now
-        need = np.concatenate([rc["need"], cols["need"]])
-        context = np.concatenate([rc["computed"], cols["computed"]])
-        seq = np.concatenate([rc["seq"], cols["seq"]])
-        min_tpot = float(np.concatenate([rc["tpot"], cols["tpot"]]).min())
+        slack = j["deadline"] - now
+        need = j["need"]
+        context = j["computed"]
+        seq = j["seq"]
+        min_tpot = float(j["tpot"].min())
         init_time_budget = max(float(slack.min()), min_tpot)
         # lines 21-33: three groups, each by slack
-        is_decode = np.concatenate([(rc["need"] == 1) & ~np.isnan(rc["last_token"]), np.zeros(view.columns.n, bool)])
+        is_decode = np.concatenate([(j.running("need") == 1) & ~np.isnan(j.running("last_token")), np.zeros(view.columns.n, bool)])
         group = np.where(is_decode, np.where(slack < init_time_budget + min_tpot, URGENT_DECODE, NONURGENT_DECODE), PREFILL)
         order = np.lexsort((seq, slack, group)).tolist()
 

@@ -18,12 +18,9 @@ class HPJF(Policy):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         b = BatchBuilder(view)
         key = lambda r: (r.level, r.seq)  # noqa: E731
-        reqs = view.run_columns.requests() + view.columns.requests()
-        rc, wc = view.run_columns.view(), view.columns.view()
-        level = np.concatenate([rc["level"], wc["level"]])
-        seq = np.concatenate([rc["seq"], wc["seq"]])
-        order = np.lexsort((seq, level)).tolist()
-        n_run = view.run_columns.n
+        j = view.joined()
+        reqs, n_run = j.reqs, j.n_run
+        order = np.lexsort((j["seq"], j["level"])).tolist()
         victims = [reqs[i] for i in order if i < n_run]
         outranks = lambda r, v: key(v) > key(r)  # noqa: E731
         admit_open = True

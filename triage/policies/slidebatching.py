@@ -31,30 +31,26 @@ class QueueMetrics:
 
     def __init__(self, view: SchedulerView, now: float, smooth: bool = False) -> None:
         est = view.estimator
-        run, wait = view.run_columns.view(), view.columns.view()
-        self.n_run = view.run_columns.n
-        self.reqs: list[Request] = view.run_columns.requests() + view.columns.requests()
+        cat = view.joined()
+        self.n_run = cat.n_run
+        self.reqs: list[Request] = cat.reqs
 
-        def cat(f: str) -> np.ndarray:
-            return np.concatenate([run[f], wait[f]])
-
-        self.exec = est.beta * cat("exec_u")
-        deadline = cat("deadline")
+        self.exec = est.beta * cat["exec_u"]
+        deadline = cat["deadline"]
         if smooth:  # also keep every gap under TPOT: min(envelope, last token + TPOT_slo)
-            deadline = np.fmin(deadline, cat("last_token") + cat("tpot"))
-        self.level = cat("level")
-        self.seq = cat("seq")
-        self.need = cat("need")
+            deadline = np.fmin(deadline, cat["last_token"] + cat["tpot"])
+        self.level = cat["level"]
+        self.seq = cat["seq"]
+        self.need = cat["need"]
         self.remain = deadline - now
-        self.density = cat("wnext") / np.maximum(self.exec, 1e-9)
+        self.density = cat["wnext"] / np.maximum(self.exec, 1e-9)
         self.t_c = est.beta * est.t_c
-        self._run = run
+        self._cat = cat
 
     def remaining_times(self, est) -> np.ndarray:
         """Seed 004's f_t for the running rows: rest of the need, then the decodes left."""
-        run = self._run
-        rem_out = run["rem_out"]
-        dec = est.request_times(np.ones_like(rem_out), run["known"] + rem_out // 2)
+        rem_out = self._cat.running("rem_out")
+        dec = est.request_times(np.ones_like(rem_out), self._cat.running("known") + rem_out // 2)
         return self.exec[: self.n_run] + np.maximum(rem_out - 1, 0) * dec
 
     def __len__(self) -> int:

@@ -22,6 +22,7 @@ from triage.estimators import LatencyEstimator
 from triage.request import Request
 
 FIELDS = ("seq", "level", "deadline", "last_token", "tpot", "need", "computed", "known", "wnext", "exec_u", "rem_out")
+INDEX = {f: k for k, f in enumerate(FIELDS)}
 
 
 class RequestColumns:
@@ -78,6 +79,10 @@ class RequestColumns:
         for i in range(self.n):
             self._write(i, self.reqs[i], est, classes)
 
+    def col(self, field: str) -> np.ndarray:
+        """One column over the live rows (a view, not a copy)."""
+        return self._data[: self.n, INDEX[field]]
+
     def view(self) -> dict[str, np.ndarray]:
         d = self._data[: self.n]
         return {f: d[:, k] for k, f in enumerate(FIELDS)}
@@ -95,14 +100,14 @@ class Joined:
 
     def __init__(self, running: RequestColumns, waiting: RequestColumns) -> None:
         self.n_run = running.n
-        self._run, self._wait = running.view(), waiting.view()
+        self._run, self._wait = running, waiting
         self.reqs: list[Request] = running.requests() + waiting.requests()
 
     def __len__(self) -> int:
         return len(self.reqs)
 
     def __getitem__(self, field: str) -> np.ndarray:
-        return np.concatenate([self._run[field], self._wait[field]])
+        return np.concatenate([self._run.col(field), self._wait.col(field)])
 
     def running(self, field: str) -> np.ndarray:
-        return self._run[field]
+        return self._run.col(field)

@@ -91,8 +91,6 @@ class RequestColumns:
         return self.reqs[: self.n]
 
 
-WaitingColumns = RequestColumns
-
 
 class Joined:
     """Running rows first, then waiting rows: `j[field]` is one array over both sets,

@@ -38,7 +38,6 @@ class EngineState:
         self.queue: DualHeap[Request] = DualHeap(key=self.queue_key)
         self.columns = RequestColumns(1024)
         self.run_columns = RequestColumns(256)
-        self.version = 0  # bumped on every change a policy's cache may depend on
 
     def joined(self) -> Joined:
         """Running then waiting requests as numpy columns (see columns.py)."""
@@ -63,7 +62,6 @@ class EngineState:
         self.waiting.insert(i, r)
         self.queue.push(r)
         self.columns.add(r, self.estimator, self.classes)
-        self.version += 1
 
     def _remove_waiting(self, r: Request) -> None:
         i = bisect.bisect_left(self._waiting_seqs, r.seq)
@@ -73,7 +71,6 @@ class EngineState:
         del self._waiting_seqs[i]
         self.queue.remove(r.id)
         self.columns.remove(r)
-        self.version += 1
 
     def remove(self, rid: str) -> Request:
         """Abort / finish: drop the request and free its blocks."""
@@ -84,7 +81,6 @@ class EngineState:
             self.running.remove(r)
             self.run_columns.remove(r)
         self.kv.free(rid)
-        self.version += 1
         return r
 
     # --- relabels and class edits take effect at the next step ---------------------------
@@ -98,7 +94,6 @@ class EngineState:
             self.columns.update(r, self.estimator, self.classes)
         elif r.id in self.run_columns.slot:
             self.run_columns.update(r, self.estimator, self.classes)
-        self.version += 1
         return r
 
     def set_classes(self, classes: PriorityClasses) -> None:
@@ -113,7 +108,6 @@ class EngineState:
         self.queue.rekey_all()
         self.columns.rebuild(self.estimator, self.classes)
         self.run_columns.rebuild(self.estimator, self.classes)
-        self.version += 1
 
     def touch(self, r: Request) -> None:
         """Re-read a request whose fields were changed outside the methods below
@@ -123,7 +117,6 @@ class EngineState:
         elif r.id in self.queue:
             self.queue.rekey(r.id)
             self.columns.update(r, self.estimator, self.classes)
-        self.version += 1
 
     # --- applying a plan -----------------------------------------------------------------
     def preempt(self, rid: str, keep_tokens: int) -> Request:
@@ -181,7 +174,6 @@ class EngineState:
         r.stage = Stage.FINISHED
         r.finish_time = t_end
         r.kv = KVResidency.NONE
-        self.version += 1
 
     def all_requests(self) -> Iterable[Request]:
         return self.requests.values()

@@ -26,9 +26,6 @@ class Policy(ABC):
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         """Decide this step's batch."""
 
-    def describe(self) -> dict:
-        return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
-
 
 POLICIES: dict[str, type[Policy]] = {}
 

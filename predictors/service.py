@@ -181,28 +181,18 @@ class PredictorService:
             if first is _STOP:
                 break
             batch = [first]
-            if self.strategy == "immediate":
-                while len(batch) < self.max_batch:
-                    try:
-                        item = self._q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop = True
-                        break
-                    batch.append(item)
-            else:
-                deadline = first.enqueued + self.max_wait_s
-                while len(batch) < self.max_batch:
-                    remaining = deadline - time.perf_counter()
-                    try:
-                        item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop = True
-                        break
-                    batch.append(item)
+            # immediate: take what is already queued; full: wait up to max_wait for more
+            deadline = first.enqueued + (self.max_wait_s if self.strategy == "full" else 0.0)
+            while len(batch) < self.max_batch:
+                remaining = deadline - time.perf_counter()
+                try:
+                    item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
             self._process(batch)
         # fail whatever is still queued
         while True:

@@ -11,9 +11,10 @@ Policies are deterministic: the same view gives the same plan.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from triage.plan import BatchPlan
+from triage.registry import make_registry
 from triage.state import EngineState
 
 SchedulerView = EngineState
@@ -27,15 +28,4 @@ class Policy(ABC):
         """Decide this step's batch."""
 
 
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
-    def deco(cls: type[Policy]) -> type[Policy]:
-        if name in POLICIES:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return deco
+POLICIES, register = make_registry("policy")

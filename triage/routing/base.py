@@ -14,11 +14,12 @@ randomness comes from the router's own seeded generator.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
 from triage.estimators import LatencyEstimator
+from triage.registry import make_registry
 from triage.request import Request
 from triage.state import EngineState
 
@@ -104,15 +105,4 @@ class Router(ABC):
         return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
 
 
-ROUTERS: dict[str, type[Router]] = {}
-
-
-def register(name: str) -> Callable[[type[Router]], type[Router]]:
-    def deco(cls: type[Router]) -> type[Router]:
-        if name in ROUTERS:
-            raise ValueError(f"router {name!r} registered twice")
-        cls.name = name
-        ROUTERS[name] = cls
-        return cls
-
-    return deco
+ROUTERS, register = make_registry("router")

@@ -5,7 +5,7 @@ tokens it answers with (the target of the length-bucket predictor).
     HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels --backend transformers
 
 Each corpus message is sent as the single user turn of the model's chat template, greedy
-decoding (temperature 0), `max_tokens` 512. Output: `data/triage/length_labels.jsonl`,
+decoding (temperature 0), `max_tokens` 512, float32 weights (the service's dtype on CPU). Output: `data/triage/length_labels.jsonl`,
 one `{"id", "prompt_tokens", "output_tokens", "finish_reason"}` per corpus row. The run is
 resumable (it appends chunk by chunk and skips ids already written).
 """
@@ -41,7 +41,9 @@ def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_token
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=1024, seed=0, max_num_seqs=128)
+    # float32, as the service runs it: vLLM-CPU's bf16 path garbles SmolLM2 (answers that
+    # repeat to the token cap), which made the first 256 labels of revision 1 unusable
+    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, seed=0, max_num_seqs=128)
     tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     t0 = time.time()

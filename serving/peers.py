@@ -14,8 +14,9 @@ advances by the profile's batch time for the step (ProServe form, the profile's
 frees and preemptions are vLLM's bookkeeping in all three rows.
 
 Long requests: the trace's prompts reach ~8k tokens but the CPU engine serves
-`max_model_len` (2048) tokens. Every scheduler sees the same clipped stream:
-output = min(output, max_model_len // 2), prompt = min(prompt, max_model_len - output).
+`max_model_len` (2048) tokens. Every scheduler sees the same clipped stream
+(`triage.sim.traces.clip_lengths`: a request longer than max_model_len keeps at most
+half of it for output, the prompt gets the rest).
 """
 from __future__ import annotations
 
@@ -117,15 +118,6 @@ def stand_in_output(sched, out):
 
 
 @dataclass
-class Clip:
-    max_model_len: int
-
-    def __call__(self, prompt: int, output: int) -> tuple[int, int]:
-        out = max(1, min(output, self.max_model_len // 2))
-        return max(1, min(prompt, self.max_model_len - out)), out
-
-
-@dataclass
 class PeerRun:
     scheduler: str
     requests: list          # triage Requests with token_times
@@ -143,6 +135,7 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
     """Replay `trace` (TraceRequests) through one scheduler with the stand-in runner."""
     from triage.estimators import Work
     from triage.request import Request
+    from triage.sim.traces import clip_lengths
 
     lim = profile.limits
     max_num_seqs = max_num_seqs or lim.max_num_seqs
@@ -162,7 +155,6 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
     clock = {"now": 0.0}
     if kind == "triage":
         sched.clock = lambda: clock["now"]
-    clip = Clip(max_model_len)
     pending = sorted(enumerate(trace), key=lambda it: (it[1].arrival, it[0]))
     mine: dict[str, Request] = {}
     done: list[Request] = []
@@ -175,7 +167,7 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
         now = clock["now"]
         while i < n and pending[i][1].arrival <= now:
             idx, t = pending[i]
-            p, o = clip(t.prompt_len, t.output_len)
+            p, o = clip_lengths(t.prompt_len, t.output_len, max_model_len)
             c = classes.get(t.level)
             rid = f"r{idx}"
             mine[rid] = Request(id=rid, arrival=t.arrival, prompt_len=p, predicted_level=t.level, ttft_slo=c.ttft,
@@ -241,7 +233,7 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
 
     profile = load_profile(profile_name)
     classes = load_classes().scaled(profile.slo_scale)
-    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)
+    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed, max_len=profile.limits.max_model_len)
     rows = []
     for kind in schedulers:
         run = run_peer(kind, trace, profile, classes, seed=seed, policy_params=policy_params,
@@ -270,7 +262,7 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
         "engine": {"max_num_seqs": lim.max_num_seqs, "max_num_batched_tokens": lim.max_num_batched_tokens,
                    "max_model_len": lim.max_model_len, "num_blocks": profile.num_blocks,
                    "block_size": profile.block_size},
-        "clip": "output = min(output, max_model_len // 2); prompt = min(prompt, max_model_len - output)",
+        "clip": "longer than max_model_len: output = min(output, max_model_len // 2), prompt = the rest",
         "rows": rows,
     }
 

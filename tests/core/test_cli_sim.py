@@ -36,3 +36,19 @@ def test_bench_overhead_prints_percentiles():
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["p50_us"] > 0 and d["p99_us"] >= d["p50_us"]
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared datasets not found beside the checkout")
+def test_bench_policies_compares_routers_on_instances_and_plots(tmp_path):
+    png = tmp_path / "p.png"
+    res = runner.invoke(app, ["bench", "policies", "--trace", str(AZURE), "--policies", "fcfs,triage", "--limit", "150",
+                              "--rate-scales", "0.4", "--instances", "2", "--router", "min_load,gorouting",
+                              "--plot", str(png), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["rows"]
+    assert [(r["router"], r["policy"]) for r in rows] == [("min_load", "fcfs"), ("min_load", "triage"),
+                                                           ("gorouting", "fcfs"), ("gorouting", "triage")]
+    assert all(0 <= r["tdg_ratio"] <= 1 for r in rows)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = runner.invoke(app, ["bench", "policies", "--router", "min_load,nope", "--limit", "5"])
+    assert bad.exit_code != 0 and "unknown routers" in bad.output

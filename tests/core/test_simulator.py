@@ -34,6 +34,31 @@ def test_mooncake_loader_reads_milliseconds():
     assert t[-1].arrival < 60 and t[0].prompt_len > 1000
 
 
+def test_requests_longer_than_the_engine_are_clipped_like_a_vllm_client_must(tmp_path: Path):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival,prompt_tokens,output_tokens\n0,100,50\n1,5000,300\n2,100,3000\n")
+    fits, long_prompt, long_output = load_trace(p, max_len=2048)
+    assert (fits.prompt_len, fits.output_len) == (100, 50), "a request that fits is unchanged"
+    assert (long_prompt.prompt_len, long_prompt.output_len) == (1748, 300)
+    assert (long_output.prompt_len, long_output.output_len) == (100, 1024), "output keeps at most half"
+    assert all(t.prompt_len + t.output_len <= 2048 for t in (fits, long_prompt, long_output))
+
+
+@needs_data
+def test_mooncake_runs_on_four_instances_without_stalling_on_its_longest_prompts():
+    """Mooncake prompts reach 126k tokens: clipped to what one instance can hold, every
+    request finishes (without the clip, the full-prompt KV gate never admits them)."""
+    from triage.sim.cluster import simulate_cluster
+
+    prof = load_profile("a100-qwen1.5-7b-analytic")
+    classes = load_classes().scaled(prof.slo_scale)
+    trace = load_trace(MOONCAKE, limit=400, rate_scale=0.5, max_len=prof.max_request_tokens)
+    assert max(t.prompt_len + t.output_len for t in trace) <= prof.max_request_tokens
+    res = simulate_cluster(trace, lambda: make_policy("triage"), prof, classes, instances=4, router="gorouting")
+    assert len(res.requests) == len(trace)
+    assert all(r.generated == r.output_len for r in res.requests)
+
+
 def test_generic_csv_with_levels(tmp_path: Path):
     p = tmp_path / "t.csv"
     p.write_text("arrival,prompt_tokens,output_tokens,level\n0.5,10,5,1\n0.0,20,3,4\n")

@@ -27,27 +27,30 @@ def _setup(profile: str | None):
 
 def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, seed: int, prof, classes,
             instances: int = 1, router: str = "round_robin", pd=None) -> dict:
-    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)
+    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed, max_len=prof.max_request_tokens)
     params = prof.policy_params(policy)
     res = simulate_cluster(trace, lambda: make_policy(policy, **params), prof, classes, instances=instances,
                            router=router, pd=pd, seed=seed)
     s = summarize(res.requests, classes, policy)
-    return {"policy": policy, "rate_scale": rate_scale, "tdg_ratio": s["tdg_ratio"],
+    return {"policy": policy, "router": router, "rate_scale": rate_scale, "tdg_ratio": s["tdg_ratio"],
             "slo_attainment": s["slo_attainment"], "per_class": s["per_class"]}
 
 
 def bench_policies(trace_path: str | Path, policies: Sequence[str], rate_scales: Sequence[float], *,
                    limit: int | None = 4000, seed: int = 0, profile: str | None = None, instances: int = 1,
-                   router: str = "round_robin", pd=None, progress: Callable[[int], None] | None = None) -> dict:
-    """Every policy at every rate scale; rows ordered by scale, then the given policy order."""
+                   routers: Sequence[str] = ("round_robin",), pd=None,
+                   progress: Callable[[int], None] | None = None) -> dict:
+    """Every policy behind every router at every rate scale; rows ordered by scale, then
+    router, then the given policy order."""
     prof, classes = _setup(profile)
     rows = []
     for sc in rate_scales:
-        for p in policies:
-            rows.append(run_one(trace_path, p, float(sc), limit=limit, seed=seed, prof=prof, classes=classes,
-                                instances=instances, router=router, pd=pd))
-            if progress:
-                progress(len(rows))
+        for router in routers:
+            for p in policies:
+                rows.append(run_one(trace_path, p, float(sc), limit=limit, seed=seed, prof=prof, classes=classes,
+                                    instances=instances, router=router, pd=pd))
+                if progress:
+                    progress(len(rows))
     return {"rows": rows}
 
 
@@ -90,9 +93,14 @@ def plot_policies(rows: list[dict], path: str | Path) -> Path:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = ["-", "--", "-.", ":"]
-    for k, p in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+    several_routers = len({r.get("router") for r in rows}) > 1
+
+    def label(r: dict) -> str:
+        return f"{r['policy']}+{r['router']}" if several_routers else r["policy"]
+
+    for k, p in enumerate(dict.fromkeys(label(r) for r in rows)):
         pts = sorted((r["rate_scale"], r["tdg_ratio"], (r["per_class"].get("1") or {}).get("slo_attainment"))
-                     for r in rows if r["policy"] == p)
+                     for r in rows if label(r) == p)
         xs = [x for x, _, _ in pts]
         # 13 policies outnumber the colour cycle: vary the line style too; the product is bold
         style = dict(marker="o", label=p, linestyle=styles[k // 10 % len(styles)] if p != "triage" else "-",

@@ -46,11 +46,22 @@ def draw_levels(n: int, seed: int, mix: tuple[float, ...] = KTAS_MIX) -> np.ndar
     return rng.choice(np.arange(1, len(p) + 1), size=n, p=p / p.sum())
 
 
+def clip_lengths(prompt: int, output: int, max_len: int | None) -> tuple[int, int]:
+    """Fit one request into an engine that serves `max_len` tokens (prompt + output), as
+    a client of vLLM must (it rejects longer requests): the output keeps at most half,
+    the prompt is cut to the rest. Requests that fit are unchanged."""
+    if max_len is None or prompt + output <= max_len:
+        return prompt, output
+    out = max(1, min(output, max_len // 2))
+    return max(1, min(prompt, max_len - out)), out
+
+
 def load_trace(path: str | Path, *, limit: int | None = None, rate_scale: float = 1.0, seed: int = 0,
-               mix: tuple[float, ...] = KTAS_MIX, min_output: int = 1) -> list[TraceRequest]:
+               mix: tuple[float, ...] = KTAS_MIX, min_output: int = 1, max_len: int | None = None) -> list[TraceRequest]:
     """Azure LLM 2023 (`TIMESTAMP,ContextTokens,GeneratedTokens`), Mooncake
     (`timestamp_ms,input_length,output_length,…`) or a generic CSV
-    (`arrival,prompt_tokens,output_tokens[,level]`)."""
+    (`arrival,prompt_tokens,output_tokens[,level]`). With `max_len`, every request is
+    clipped to it (`clip_lengths`; pass the profile's `max_request_tokens`)."""
     if rate_scale <= 0:
         raise ValueError("rate_scale must be > 0")
     path = Path(path)
@@ -78,7 +89,8 @@ def load_trace(path: str | Path, *, limit: int | None = None, rate_scale: float 
     t0 = rows[0][0]
     drawn = draw_levels(len(rows), seed, mix)
     return [
-        TraceRequest((t - t0) / rate_scale, max(1, p), max(min_output, o), lvl if lvl is not None else int(drawn[i]))
+        TraceRequest((t - t0) / rate_scale, *clip_lengths(max(1, p), max(min_output, o), max_len),
+                     lvl if lvl is not None else int(drawn[i]))
         for i, (t, p, o, lvl) in enumerate(rows)
     ]
 

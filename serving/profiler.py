@@ -207,6 +207,7 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         split_mapes.append(float(np.mean([abs(ps_k._batch_time(w) - t) / t for w, t in (data[i] for i in perm[:n_test])])))
     ratios = np.array([t / ps._batch_time(w) for w, t in train if ps._batch_time(w) > 0])
     noise_cv = float(np.std(ratios) / np.mean(ratios)) if len(ratios) else 0.0
+    safety = round(max(1.0, float(np.percentile(ratios, 99.9))), 2) if len(ratios) else 1.0
     classes = classes or load_classes()
     c1 = classes.get(classes.most_urgent)
     bt = engine_info["max_num_batched_tokens"]
@@ -240,7 +241,11 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         "slo_scale": slo_scale,
         # SlideBatching's minimum time budget eta (seed 000) is 0.1 s for GPU steps of tens
         # of ms; on this engine one step costs more than that, so eta = one full mixed step.
-        "policy_params": {p: {"eta": round(full_step, 3)} for p in ("triage", "slidebatching")},
+        # triage's `safety`: how far a real step may overrun its prediction (the 99.9th
+        # percentile of measured/predicted over the sweep); a protected decode's steps are
+        # planned that much shorter than its TPOT, since a miss in any one step is a miss.
+        "policy_params": {"triage": {"eta": round(full_step, 3), "safety": safety},
+                          "slidebatching": {"eta": round(full_step, 3)}},
         "noise_cv": round(noise_cv, 4),
         "mape": round(mape(ps), 4),
         "mape_detail": {"proserve": round(mape(ps), 4), "slidingserve": round(mape(ss), 4),

@@ -376,6 +376,7 @@ class TriageScheduler(Scheduler):
             st.allocate(r, k)
             r.computed = req.num_computed_tokens
             r.stage = Stage.PREFILLING if r.computed < r.known else Stage.DECODING
+            st.touch(r)
         self._pending_works = works or None
         preempted = sorted(out.preempted_req_ids)
         ours = sorted(victims)
@@ -434,6 +435,7 @@ class TriageScheduler(Scheduler):
         r.computed = req.num_computed_tokens
         if req.status == RequestStatus.RUNNING:
             r.stage = Stage.PREFILLING if r.computed < r.known - 1 or r.generated == 0 else Stage.DECODING
+        self.tstate.touch(r)  # the policy reads the numpy columns: re-read need, deadlines, last token
 
     def _reconcile(self) -> None:
         """Catch up with what vLLM did outside our plan (its own preemptions, stops

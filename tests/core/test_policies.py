@@ -122,6 +122,25 @@ def test_time_budget_bounds_the_step(name):
     assert p.predicted_s <= p.budget_s + 1e-9
 
 
+def test_triage_keeps_steps_short_while_a_level1_request_decodes():
+    """An ESI-1 decode (TPOT 0.1 s, last token at t=0.1) beside a long prompt: with safety
+    2 the step is planned to end within half of the 0.1 s gap (a real step may run twice
+    its prediction); without a protected decode the prompt gets the whole budget."""
+    def build(level):
+        st = make_state()
+        make_running(st, level=level, rid="dec", arrival=0.0, generated=6)   # last token at 0.1
+        make_request(st, level=3, prompt=5000, arrival=0.0, rid="long")
+        return st
+
+    plain = plan("triage", build(3), now=0.1, eta=0.3, safety=2.0)
+    guarded = plan("triage", build(1), now=0.1, eta=0.3, safety=2.0)
+    assert plain.predicted_s > 0.2, "no protected decode: eta sizes the step"
+    assert guarded.tokens["dec"] == 1 and "long" in guarded.tokens
+    assert guarded.predicted_s <= 0.1 / 2.0 + 1e-9
+    with pytest.raises(ValueError, match="safety"):
+        plan("triage", build(1), safety=0.5)
+
+
 def test_slidebatching_urgent_requests_go_by_density():
     # one request is already late (urgent, small remain); two others have slack
     st = make_state(max_tokens=100)

@@ -63,6 +63,29 @@ def test_plan_equals_num_scheduled_tokens_under_kv_pressure():
         assert rec.preempted == rec.victims
 
 
+def test_the_policy_sees_what_vllm_did_after_every_step():
+    """The policy reads numpy columns of the mirror: after each step they must show the
+    tokens vLLM computed and sampled (a stale column once kept decodes looking like
+    prefills to the policy, so no step was ever sized for an ESI-1 decode)."""
+    import numpy as np
+
+    s = make(num_blocks=400, block_size=16, max_num_seqs=8, max_num_batched_tokens=256)
+    s.clock = lambda: 1.0
+    for i in range(6):
+        add(s, f"r{i}", 100 + 70 * i, level=1 + i % 5, max_tokens=20)
+    decoding_seen = 0
+    for _ in range(40):
+        step(s)
+        cat = s.tstate.joined()
+        n = cat.n_run
+        running = cat.reqs[:n]
+        assert cat["need"][:n].tolist() == [r.need for r in running]
+        last = [r.token_times[-1] if r.token_times else np.nan for r in running]
+        np.testing.assert_array_equal(cat["last_token"][:n], np.array(last, dtype=float))
+        decoding_seen += sum(r.need == 1 for r in running)
+    assert decoding_seen > 0
+
+
 def test_preemption_under_kv_pressure_picks_our_victim_and_mode():
     """KV full with levels 5, 4, 3 (admitted in that order); a level-1 arrival evicts
     the level-5 request (vLLM's fcfs would take the last admitted, level 3). Without a KV

@@ -6,7 +6,12 @@ Order of Q (Alg. 1 line 13, extended):
     2. URGENT (remain < γ·φ): decodes before prefills (seed 004 Alg. 2: a less urgent
        prefill never takes the step's time from a decode), each by density (desc);
     3. NORMAL: by remain (asc).
-Budget: t_budget = max(min remain, η), filled with GETMAXCHUNK as in Alg. 1.
+Budget: t_budget = max(min remain, η), filled with GETMAXCHUNK as in Alg. 1; while a
+protected request is decoding, the step is also kept under its remaining time divided
+by `safety`, below η if need be (η trades a step's fixed cost for throughput; a
+protected TPOT outranks that). `safety` is the factor by which a real step may exceed
+its prediction: a profile measured on noisy hardware sets it from the step-time noise
+(`policy_params`), 1.0 plans with the mean.
 Smooth deadlines: a running request's next deadline is min(envelope, last token +
 TPOT_slo), so slack won early is not spent as one long stall (SLO attainment counts
 the worst gap, TDG only the envelope).
@@ -32,8 +37,11 @@ from triage.policies.slidebatching import QueueMetrics, SlideBatching, ensure_pr
 class Triage(SlideBatching):
     def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1, protect_level: int = 1,
                  stage_aware: bool = True, evict: bool = True, smooth: bool = True,
-                 evict_for: str = "protected") -> None:
+                 evict_for: str = "protected", safety: float = 1.0) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
+        if safety < 1.0:
+            raise ValueError("safety must be >= 1 (the factor a real step may exceed its prediction by)")
+        self.safety = safety
         self.protect_level = protect_level
         self.stage_aware = stage_aware
         self.evict = evict
@@ -48,6 +56,13 @@ class Triage(SlideBatching):
             return BatchPlan()
         t_budget = q.budget(self.eta)
         protected = q.level <= self.protect_level
+        decodes = q.need[: q.n_run] == 1
+        decoding = protected[: q.n_run] & decodes
+        if decoding.any():  # a protected decode's next token must not wait on a long step,
+            # but every running decode still fits (dropping one would not speed the step up much)
+            floor = q.t_c + float(q.exec[: q.n_run][decodes].sum())
+            cap = float(q.remain[: q.n_run][decoding].min()) / self.safety
+            t_budget = min(t_budget, max(cap, floor))
         urgent = (q.remain < self.gamma * q.phi(self.phi, t_budget)) & ~protected
         group = np.where(protected, 0, np.where(urgent, 1, 2))
         n_run = q.n_run

@@ -24,9 +24,13 @@ ESTIMATEGAIN(Q) is the first-token gain Σ_{r∈Q} w_first·w_p(r)·1[now + φ(Q
 under a conservative load judgment: every request of Q is assumed done only when all of
 Q is (§4.2's conservative view).
   - PD disaggregated (prefill instances): φp(Q) = EXEC(p) + |Q|·t_c.
-  - PD co-located: φa(Q) = t_budget/(t_budget − t_c) · (EXEC(p) + n_d·b_d), with n_d the
-    instance's decoding requests (counted from first token to finish), b_d the average
-    decode time and t_budget = min(min remaining time of Q's prefills, TPOT_slo).
+  - PD co-located: φa(Q) = t_budget/(t_budget − t_c) · EXEC(p), t_budget = min(min
+    remaining time of Q's prefills, TPOT_slo). Here ESTIMATEEXEC adds the decode time
+    n_d·b_d ("when estimating the execution time for prefill on the instance, we add the
+    estimated decode time n_d·b_d"), so the light/heavy thresholds see it too. n_d counts
+    the instance's requests from first token to finish; b_d, "the average decode time",
+    is taken at the mean context of those requests, which the router knows from what it
+    dispatched (a fixed context would price a 12k-token Mooncake decode like a 1k one).
 """
 from __future__ import annotations
 
@@ -39,22 +43,21 @@ from triage.routing.base import InstanceLoad, Router, register
 
 
 class _Queue:
-    __slots__ = ("reqs", "ts", "n_d")
+    __slots__ = ("reqs", "ts", "n_d", "ctx_d")
 
     def __init__(self) -> None:
         self.reqs: dict[str, tuple[Request, float]] = {}   # id -> (request, predicted prefill s)
         self.ts = 0.0
-        self.n_d = 0
+        self.n_d = 0        # requests in their decode phase
+        self.ctx_d = 0      # Σ their contexts at first token (prompt length)
 
 
 @register("gorouting")
 class GoRouting(Router):
-    def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.75, decode_context: int = 1024,
-                 seed: int = 0) -> None:
+    def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.75, seed: int = 0) -> None:
         self.alpha = alpha                  # candidate threshold on Δ
         self.mu = mu                        # light: EXEC(p) < μ·TTFT_slo
         self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo
-        self.decode_context = decode_context  # context at which b_d (average decode time) is taken
         self._rng = np.random.default_rng(seed)
         self._map: dict[int, _Queue] = {}   # PrefillQueueMap (plus n_d per instance)
 
@@ -66,16 +69,20 @@ class GoRouting(Router):
 
     # --- ESTIMATEEXEC and ESTIMATEGAIN ---------------------------------------------------------
     def exec_time(self, p: InstanceLoad, now: float) -> float:
+        """ESTIMATEEXEC(p): the queue's predicted prefill time less the time since its last
+        update; on a co-located instance plus n_d·b_d."""
         q = self._q(p)
         queued = sum(t for _, t in q.reqs.values())
-        return max(0.0, queued - (now - q.ts)) if q.reqs else 0.0
+        e = max(0.0, queued - (now - q.ts)) if q.reqs else 0.0
+        if p.role != "prefill" and q.n_d:
+            e += q.n_d * p.estimator.decode_time(q.ctx_d // q.n_d)        # + n_d·b_d
+        return e
 
     def _phi(self, p: InstanceLoad, reqs: list[Request], exec_s: float, now: float) -> float:
         est = p.estimator
         t_c = est.beta * est.t_c
         if p.role == "prefill":                                           # φp
             return exec_s + len(reqs) * t_c
-        exec_s += self._q(p).n_d * est.decode_time(self.decode_context)   # + n_d·b_d
         remain = min((r.deadline(1) - now for r in reqs), default=np.inf)
         t_budget = min(remain, min((r.tpot_slo for r in reqs), default=np.inf))
         if not t_budget > t_c:
@@ -125,6 +132,7 @@ class GoRouting(Router):
         if q.reqs.pop(req.id, None) is not None:
             q.ts = now
         q.n_d += 1
+        q.ctx_d += req.prompt_len
 
     def on_finish(self, req: Request, instance: int, now: float) -> None:
         q = self._map.setdefault(instance, _Queue())
@@ -132,3 +140,4 @@ class GoRouting(Router):
             q.ts = now
         elif q.n_d > 0:
             q.n_d -= 1
+            q.ctx_d = max(0, q.ctx_d - req.prompt_len)

@@ -37,7 +37,9 @@ def _prompts(tokenizer, texts: list[str]) -> list[str]:
 
 def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int) -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # 128 sequences of up to ~600 tokens at 46 KB/token (float32) need ~3.5 GiB of KV; with
+    # less, vLLM preempts and recomputes answers over and over
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     from vllm import LLM, SamplingParams
 

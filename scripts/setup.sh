@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-STAMP=$VENV/.triage-setup-v1
+STAMP=$VENV/.triage-setup-v2
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
@@ -31,6 +31,17 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 else
   $PIP install --no-deps -e . >/dev/null
+fi
+
+# The tests drive the operator page in Debian's Chromium (scripts/test.sh asks for it).
+if [ "${TRIAGE_SETUP_BROWSER:-0}" = "1" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Chromium and chromedriver (Debian packages) for the browser test"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+      || echo "[setup] could not install Chromium: the browser test will be skipped (or fail in CI)"
+  else
+    echo "[setup] Chromium missing and apt-get not usable here: the browser test will be skipped"
+  fi
 fi
 
 export HF_HUB_OFFLINE=1

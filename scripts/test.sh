@@ -2,7 +2,7 @@
 # Sets everything up (idempotent) and runs the whole test suite. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+TRIAGE_SETUP_BROWSER=1 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
 set +e
 .venv/bin/python -m pytest "$@"

@@ -304,7 +304,7 @@ def refit(samples_path: Path, name: str, *, out_dir: Path | None = None, seed: i
 
     raw = json.loads(Path(samples_path).read_text())
     samples, info = raw["samples"], raw["engine"]
-    source = (f"triage profile fit --from-samples {Path(samples_path).name} --name {name}: {len(samples)} steps "
+    source = (f"triage profile fit --from-samples {samples_path} --name {name}: {len(samples)} steps "
               f"recorded on the real engine (vllm 0.32.0, {info.get('dtype')}, max_num_seqs={info['max_num_seqs']}, "
               f"max_num_batched_tokens={info['max_num_batched_tokens']})")
     prof = fit_profile(samples, name=name, engine_info=info, seed=seed, source=source, loadavg=raw.get("loadavg"))

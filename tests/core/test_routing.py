@@ -133,16 +133,24 @@ def test_gorouting_timestamp_lag_compensation_and_queue_upkeep():
     assert g._map[0].n_d == 0
 
 
-def test_gorouting_colocated_counts_decode_time_and_pd_uses_phi_p():
+def test_gorouting_colocated_exec_counts_decodes_at_their_contexts_and_pd_uses_phi_p():
+    """Co-located ESTIMATEEXEC adds n_d·b_d, b_d at the mean context of the instance's
+    decoding requests (a 12k-token conversation costs more per step than a 100-token one);
+    a prefill instance's EXEC has no decode term, and its gain uses φp."""
     g = make_router("gorouting")
-    mixed = FakeLoad(0, role="mixed")
-    pre = FakeLoad(1, role="prefill")
+    long_i, short_i, pre = FakeLoad(0), FakeLoad(1), FakeLoad(2, role="prefill")
+    for load, prompt in ((long_i, 12_000), (short_i, 100), (pre, 12_000)):
+        r = req(f"d{load.index}", prompt=prompt)
+        g.on_dispatch(r, load.index, 0.0, load)
+        g.on_first_token(r, load.index, 1.0)                 # now decoding: n_d = 1
+    est = long_i.estimator
+    assert g.exec_time(long_i, 1.0) == pytest.approx(est.decode_time(12_000))
+    assert g.exec_time(short_i, 1.0) == pytest.approx(est.decode_time(100))
+    assert g.exec_time(long_i, 1.0) > g.exec_time(short_i, 1.0)
+    assert g.exec_time(pre, 1.0) == 0.0
+    g.on_finish(req("d0", prompt=12_000), 0, 2.0)
+    assert g.exec_time(long_i, 2.0) == 0.0 and g._map[0].ctx_d == 0
     r = req(level=3, prompt=500)
-    base_m = g._phi(mixed, [r], 0.5, 0.0)
-    g._map.setdefault(0, type(g._map.get(0) or g._q(mixed))())
-    g._q(mixed).n_d = 100                                     # 100 decoding requests: + n_d·b_d
-    assert g._phi(mixed, [r], 0.5, 0.0) > base_m
-    est = pre.estimator
     assert g._phi(pre, [r, r], 0.5, 0.0) == pytest.approx(0.5 + 2 * est.beta * est.t_c)   # φp
 
 

@@ -25,9 +25,9 @@ split differ from the greedy chunk (with per-gap slack s_i ≤ L_i^tbt, so T_nex
 prefill throughput at a full step. g_i marks requests mid-stream (running prefills).
 S_a is drawn from the first `max_candidates` requests of Q (the review's |S_a| ≤ 50).
 The knapsack is a row-vectorised DP. Overhead budget: up to 5 ms p99 at 1,000 waiting +
-256 running (the other policies: 1 ms). Measured (`triage.overhead.build_state(1000, 256)`,
-300 plans, thread CPU time, shared 2-core machine at load ~5): p50 0.93 ms, p99 1.74 ms
-(fcfs on the same run: p50 0.47 ms, p99 0.72 ms).
+256 running (the other policies: 1 ms). Measured (`triage bench overhead --waiting 1000
+--running 256 --policy slidingserve`, 300 plans, every other process stopped): p50 0.69 ms,
+p99 1.16 ms (fcfs on the same machine: p50 0.31 ms, p99 0.63 ms).
 
 Ablations (§4.5, each switch independent): `mlps=False` orders P_t by arrival (running
 first); `chunker=False` takes the greedy chunk TimeToBudget(T_cur); `constructor=False`

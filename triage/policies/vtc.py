@@ -53,19 +53,20 @@ class VTC(Policy):
 
         b = BatchBuilder(view)
         victims = list(view.running)
-        rreqs, rneed = view.run_columns.requests(), view.run_columns.view()["need"]
-        rseq = view.run_columns.view()["seq"]
+        rcols = view.run_columns.view()
+        rreqs, rneed = view.run_columns.requests(), rcols["need"]
+        need_l, level_l = rneed.tolist(), rcols["level"].astype(int).tolist()
         served: dict[tuple[int, bool], int] = {}
         # decodes, then continuing prefills, each in admission (arrival) order
-        for i in np.lexsort((rseq, rneed > 1)).tolist():
+        for i in np.lexsort((rcols["seq"], rneed > 1)).tolist():
             r = rreqs[i]
             if b.tokens_left <= 0:
                 break
             if b.is_preempted(r):
                 continue
-            k = b.add_or_evict(r, victims)
+            k = b.add(r) or b.add_or_evict(r, victims)  # the plain add is the common case
             if k:
-                key = (r.level, r.generated > 0 and k == 1 and r.need == 1)
+                key = (level_l[i], k == 1 and need_l[i] == 1 and r.generated > 0)
                 served[key] = served.get(key, 0) + k
         for (level, decode), k in sorted(served.items()):
             self._charge(view, level, k, decode=decode)

@@ -4,10 +4,14 @@ tokens it answers with (the target of the length-bucket predictor).
     HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels            # vLLM engine (default)
     HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels --backend transformers
 
-Each corpus message is sent as the single user turn of the model's chat template, greedy
-decoding (temperature 0), `max_tokens` 512, float32 weights (the service's dtype on CPU). Output: `data/triage/length_labels.jsonl`,
-one `{"id", "prompt_tokens", "output_tokens", "finish_reason"}` per corpus row. The run is
-resumable (it appends chunk by chunk and skips ids already written).
+Each corpus message is sent as the single user turn of the model's chat template with the
+service's default decoding (temperature 1.0, top_p 1.0: what a client that sets nothing
+gets), a per-row seed (reproducible), `max_tokens` 512, float32 weights (the service's
+dtype on CPU). Greedy decoding is not what the service runs and makes SmolLM2-135M loop:
+half of its greedy answers ran to the 512-token cap. Output:
+`data/triage/length_labels.jsonl`, one `{"id", "prompt_tokens", "output_tokens",
+"finish_reason"}` per corpus row. The run is resumable (it appends chunk by chunk and
+skips ids already written).
 """
 from __future__ import annotations
 
@@ -23,6 +27,14 @@ from triage.paths import state_dir
 
 DEFAULT_OUT = corpus_path().parent / "length_labels.jsonl"
 MAX_TOKENS = 512
+TEMPERATURE = 1.0  # the service's default (serving/loop.py), not greedy
+
+
+def row_seed(row_id: str) -> int:
+    """A stable per-row sampling seed (Python's hash() is salted per process)."""
+    import zlib
+
+    return zlib.crc32(row_id.encode("utf-8"))
 
 
 def _done_ids(out: Path) -> set[str]:
@@ -47,10 +59,11 @@ def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_token
     # repeat to the token cap), which made the first 256 labels of revision 1 unusable
     llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, seed=0, max_num_seqs=128)
     tok = llm.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     t0 = time.time()
     for i in range(0, len(rows), chunk):
         part = rows[i : i + chunk]
+        params = [SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=max_tokens, seed=row_seed(r["id"]))
+                  for r in part]
         outs = llm.generate(_prompts(tok, [r["text"] for r in part]), params, use_tqdm=False)
         with out.open("a", encoding="utf-8") as f:
             for r, o in zip(part, outs):
@@ -72,7 +85,8 @@ def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, m
         part = rows[i : i + chunk]
         enc = tok(_prompts(tok, [r["text"] for r in part]), return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
-            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=True, temperature=TEMPERATURE, top_p=1.0,
+                                 pad_token_id=tok.pad_token_id or tok.eos_token_id)
         new = gen[:, enc["input_ids"].shape[1]:]
         with out.open("a", encoding="utf-8") as f:
             for r, ids, mask in zip(part, new, enc["attention_mask"]):

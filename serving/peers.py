@@ -233,7 +233,7 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
 
     profile = load_profile(profile_name)
     classes = load_classes().scaled(profile.slo_scale)
-    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed, max_len=profile.limits.max_model_len)
+    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)  # run_peer clips
     rows = []
     for kind in schedulers:
         run = run_peer(kind, trace, profile, classes, seed=seed, policy_params=policy_params,

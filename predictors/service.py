@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictors.model import Classifier, default_model_dir
+from predictors.model import Classifier, default_model_dir, shared_probs, shares_encoder
 from predictors.urgency import decide
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,13 @@ class Predictor:
     """Synchronous batch prediction with both trained models (use from one thread)."""
 
     def __init__(self, urgency_dir: str | Path | None = None, length_dir: str | Path | None = None, threads: int | None = 2,
-                 quantize: bool = False, escalate_below: float | None | str = "trained", use_vitals: bool = True):
-        self.urgency = Classifier(urgency_dir or default_model_dir("urgency"), threads=threads, quantize=quantize)
-        self.length = Classifier(length_dir or default_model_dir("length"), threads=threads, quantize=quantize)
+                 precision: str = "auto", escalate_below: float | None | str = "trained", use_vitals: bool = True):
+        self.urgency = Classifier(urgency_dir or default_model_dir("urgency"), threads=threads)
+        self.length = Classifier(length_dir or default_model_dir("length"), threads=threads)
+        # the length head is trained on the urgency model's frozen encoder: one encoder pass serves both
+        self.shared_encoder = shares_encoder(self.urgency, self.length)
+        self.urgency.set_precision(precision)
+        self.length.set_precision(precision)
         self.escalate_below = self.urgency.meta.escalate_below if escalate_below == "trained" else escalate_below
         self.use_vitals = use_vitals
 
@@ -67,8 +71,10 @@ class Predictor:
     def predict(self, texts: list[str]) -> list[Prediction]:
         if not texts:
             return []
-        up = self.urgency.probs(texts)
-        lp = self.length.probs(texts)
+        if self.shared_encoder:
+            up, lp = shared_probs(self.urgency, self.length, texts)
+        else:
+            up, lp = self.urgency.probs(texts), self.length.probs(texts)
         out = []
         tokens = self.length.meta.bucket_tokens
         for text, p, q in zip(texts, up, lp):
@@ -103,7 +109,7 @@ class PredictorService:
     """Micro-batching front of a `Predictor`, safe to call from any number of coroutines."""
 
     def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
-                 max_wait_ms: float = 10.0, threads: int = 2, quantize: bool = False,
+                 max_wait_ms: float = 10.0, threads: int = 2, precision: str = "auto",
                  urgency_dir: str | Path | None = None, length_dir: str | Path | None = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -111,7 +117,7 @@ class PredictorService:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self.strategy, self.max_batch, self.max_wait_s = strategy, int(max_batch), float(max_wait_ms) / 1000.0
         self._predictor = predictor
-        self._model_args = dict(urgency_dir=urgency_dir, length_dir=length_dir, threads=threads, quantize=quantize)
+        self._model_args = dict(urgency_dir=urgency_dir, length_dir=length_dir, threads=threads, precision=precision)
         self._q: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()

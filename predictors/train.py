@@ -10,7 +10,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +20,7 @@ from predictors.calibration import expected_calibration_error, fit_temperature
 from predictors.corpus import corpus_path, length_labels_path, load_corpus, load_length_labels
 from predictors.encoder import resolve_encoder
 from predictors.metrics import bucket_report, urgency_report
-from predictors.model import DEFAULT_LENGTH_EDGES, ClassifierMeta, bucket_of, default_model_dir, softmax
+from predictors.model import DEFAULT_LENGTH_EDGES, META_FILE, ClassifierMeta, ModelMissing, bucket_of, default_model_dir, softmax
 from predictors.urgency import choose_escalate_below, decide_many
 
 # progress(phase, done, total): the CLI draws bars from it; phase in {"epoch <i>", "calibrate"}
@@ -39,7 +39,13 @@ class TrainConfig:
     threads: int = 2
     limit: int = 0  # use only the first N training rows (tests); 0 = all
     freeze_embeddings: bool = True  # the word-embedding table is half of MiniLM's weights; freezing it halves optimizer work
-    train_layers: int = 3  # fine-tune only the top N transformer layers (+ pooler, head); 0 = all. No backward below them.
+    train_layers: int | None = 3  # fine-tune only the top N transformer layers (+ pooler, head); None = all; 0 = head only
+
+    @classmethod
+    def length_head(cls, **kw) -> "TrainConfig":
+        """Defaults for the length head (only pooler + classifier train, on cached encoder
+        states, so many epochs cost seconds)."""
+        return cls(**{"epochs": 20, "lr": 1e-3, **kw})
 
 
 def _sha(path: Path) -> str:
@@ -55,7 +61,7 @@ def _seed_all(seed: int) -> None:
 
 
 def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Path, cfg: TrainConfig,
-               progress: ProgressFn | None):
+               progress: ProgressFn | None, new_head: bool = False):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
     from transformers.utils import logging as hf_logging
@@ -66,14 +72,16 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is expected here
     try:
         tok = AutoTokenizer.from_pretrained(encoder)
-        model = AutoModelForSequenceClassification.from_pretrained(encoder, num_labels=n_classes)
+        model = AutoModelForSequenceClassification.from_pretrained(encoder, num_labels=n_classes, ignore_mismatched_sizes=new_head)
     finally:
         hf_logging.set_verbosity(verbosity)
+    if new_head:  # `encoder` is another classifier: keep its encoder (and pooler) but not its output layer
+        model.classifier.reset_parameters()
     model.train()
     if cfg.freeze_embeddings:
         for p in model.base_model.embeddings.parameters():
             p.requires_grad_(False)
-    if cfg.train_layers:
+    if cfg.train_layers is not None:
         layers = _encoder_layers(model)
         for layer in layers[: max(0, len(layers) - cfg.train_layers)]:
             for p in layer.parameters():
@@ -85,7 +93,7 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     gen = np.random.default_rng(cfg.seed)
     y = torch.tensor(labels, dtype=torch.long)
     lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]])
-    top = _TopLayers.build(model, tok, texts, cfg) if cfg.train_layers else None
+    top = _TopLayers.build(model, tok, texts, cfg) if cfg.train_layers is not None else None
     for epoch in range(cfg.epochs):
         for s, idx in enumerate(_length_grouped_batches(lengths, cfg.batch_size, gen)):
             if top is not None:
@@ -267,14 +275,22 @@ def length_targets(rows, labels: dict[str, int], edges) -> tuple[list[dict], lis
     return kept, [bucket_of(labels[r["id"]], edges) for r in kept]
 
 
-def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, encoder: str | None = None,
+def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, base: Path | None = None,
                  edges=DEFAULT_LENGTH_EDGES, progress: ProgressFn | None = None) -> ClassifierMeta:
-    cfg = cfg or TrainConfig()
+    """The length-bucket classifier is a head (pooler + classifier) trained on the frozen
+    encoder of the urgency model at `base` (default: the "urgency" folder beside
+    `out_dir`), so at inference one encoder pass serves both predictors
+    (`predictors.model.shares_encoder`)."""
+    out_dir = Path(out_dir or default_model_dir("length"))
+    base = Path(base or out_dir.parent / "urgency")
+    if not (base / META_FILE).exists():
+        raise ModelMissing(f"the length head is trained on the urgency model's encoder, and there is none at {base}: "
+                           "run `triage train urgency` first")
+    base_meta = ClassifierMeta.load(base)
+    cfg = replace(cfg or TrainConfig.length_head(), train_layers=0, max_length=base_meta.max_length)
     edges = [int(e) for e in edges]
     if sorted(edges) != edges or len(set(edges)) != len(edges):
         raise ValueError(f"bucket edges must be strictly increasing, got {edges}")
-    out_dir = Path(out_dir or default_model_dir("length"))
-    enc_dir = resolve_encoder(encoder)
     labels = load_length_labels()
     rows = load_corpus()
     tr, ytr = length_targets(_split(rows, "train", cfg.limit), labels, edges)
@@ -284,7 +300,7 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, en
         raise RuntimeError(f"too few length labels ({len(tr)} train, {len(va)} validation) in {length_labels_path()}")
     n = len(edges) + 1
     t0 = time.time()
-    tok, model = _fine_tune([r["text"] for r in tr], ytr, n, enc_dir, cfg, progress)
+    tok, model = _fine_tune([r["text"] for r in tr], ytr, n, base, cfg, progress, new_head=True)
     train_s = time.time() - t0
     if progress:
         progress("calibrate", 0, 1)
@@ -304,10 +320,11 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, en
     }
     if progress:
         progress("calibrate", 1, 1)
-    meta = ClassifierMeta(kind="length", labels=list(range(n)), encoder=str(enc_dir), max_length=cfg.max_length,
+    meta = ClassifierMeta(kind="length", labels=list(range(n)), encoder=base_meta.encoder, max_length=cfg.max_length,
                           temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens,
                           train_info={**cfg.__dict__, "n_train": len(tr), "train_seconds": round(train_s, 1),
-                                      "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path())},
+                                      "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path()),
+                                      "encoder_of": str(base)},
                           metrics=metrics)
     _save(tok, model, meta, out_dir)
     return meta

@@ -216,7 +216,7 @@ async def _start_predictor(s: Settings):
     from predictors.service import PredictorService
 
     d = Path(s.predictors_dir) if s.predictors_dir else None
-    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads,
+    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, precision=s.predictor_precision,
                            urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None)
     try:
         await svc.start()

@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
     predictor_threads: int = Field(1, gt=0)
+    predictor_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 where the CPU has it natively
     predictors_dir: Path | None = None          # default: <state dir>/predictors
 
     # first start

@@ -41,10 +41,10 @@ def _progress():
                     TimeRemainingColumn(), console=Console(stderr=True))
 
 
-def _config(epochs, lr, seed, threads, limit):
+def _config(kind, epochs, lr, seed, threads, limit):
     from predictors.train import TrainConfig
 
-    cfg = TrainConfig()
+    cfg = TrainConfig() if kind == "urgency" else TrainConfig.length_head()
     for k, v in dict(epochs=epochs, lr=lr, seed=seed, threads=threads, limit=limit).items():
         if v is not None:
             setattr(cfg, k, v)
@@ -61,7 +61,7 @@ def _train(kind: str, out: Optional[Path], cfg, encoder: Optional[str], edges: O
             meta = tr.train_urgency(out, cfg, encoder, progress=cb)
         else:
             e = [int(x) for x in edges.split(",")] if edges else tr.DEFAULT_LENGTH_EDGES
-            meta = tr.train_length(out, cfg, encoder, edges=e, progress=cb)
+            meta = tr.train_length(out, cfg, encoder, edges=e, progress=cb)  # encoder: the urgency model it shares
     test = meta.metrics["test"]
     summary = {"kind": kind, "train_seconds": meta.train_info["train_seconds"], "test_accuracy": round(test["accuracy"], 4)}
     if kind == "urgency":
@@ -73,8 +73,9 @@ def _train(kind: str, out: Optional[Path], cfg, encoder: Optional[str], edges: O
     return summary
 
 
-Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 4)")]
-Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4)")]
+Precision = Annotated[str, typer.Option(help="auto (the service's default: bf16 where the CPU has it natively, else fp32) | fp32 | bf16")]
+Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 3; the length head 20)")]
+Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4; the length head 1e-3)")]
 Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]
 Threads = Annotated[Optional[int], typer.Option(help="torch threads (default 2)")]
 Limit = Annotated[Optional[int], typer.Option(help="train on the first N training rows only (0 = all)")]
@@ -86,37 +87,47 @@ Encoder = Annotated[Optional[str], typer.Option(help="encoder directory (default
 def train_urgency(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Seed = None, threads: Threads = None,
                   limit: Limit = None, encoder: Encoder = None) -> None:
     """Fine-tune the ESI urgency classifier on data/triage/corpus.jsonl."""
-    _train("urgency", out, _config(epochs, lr, seed, threads, limit), encoder, None)
+    _train("urgency", out, _config("urgency", epochs, lr, seed, threads, limit), encoder, None)
 
 
 @train_app.command("length")
 def train_length(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Seed = None, threads: Threads = None,
-                 limit: Limit = None, encoder: Encoder = None,
+                 limit: Limit = None,
+                 urgency: Annotated[Optional[str], typer.Option(help="the urgency model whose encoder the length head shares (default .triage/predictors/urgency)")] = None,
                  edges: Annotated[Optional[str], typer.Option(help="bucket edges in tokens, e.g. 64,128,256,512 (5 buckets)")] = None) -> None:
-    """Fine-tune the output-length bucket classifier on the served model's recorded output lengths."""
-    _train("length", out, _config(epochs, lr, seed, threads, limit), encoder, edges)
+    """Train the output-length bucket head on the urgency model's frozen encoder (one encoder
+    pass then serves both), on the served model's recorded output lengths."""
+    _train("length", out, _config("length", epochs, lr, seed, threads, limit), urgency, edges)
 
 
 @train_app.command("all")
 def train_all(if_missing: Annotated[bool, typer.Option("--if-missing", help="skip predictors that are already trained")] = False,
               epochs: Epochs = None, threads: Threads = None, encoder: Encoder = None) -> None:
-    """Train both predictors (the setup script calls this with --if-missing)."""
-    from predictors.model import META_FILE, default_model_dir
+    """Train both predictors (the setup script calls this with --if-missing). With
+    --if-missing the length head is still retrained when the urgency model was, or when it
+    was not trained on the urgency model's encoder (an older layout)."""
+    from predictors.model import META_FILE, ClassifierMeta, default_model_dir
 
+    def present(kind: str) -> bool:
+        if not (default_model_dir(kind) / META_FILE).exists():
+            return False
+        return kind == "urgency" or "encoder_of" in ClassifierMeta.load(default_model_dir(kind)).train_info
+
+    trained_urgency = False
     for kind in ("urgency", "length"):
-        if if_missing and (default_model_dir(kind) / META_FILE).exists():
+        if if_missing and present(kind) and not (kind == "length" and trained_urgency):
             typer.echo(f"{kind} predictor present at {default_model_dir(kind)}; skipping", err=True)
             continue
-        _train(kind, None, _config(epochs, None, None, threads, None), encoder, None)
+        _train(kind, None, _config(kind, epochs, None, None, threads, None), encoder if kind == "urgency" else None, None)
+        trained_urgency |= kind == "urgency"
 
 
-def _load_predictor(threads: int, escalate_below: Optional[float] = None, no_vitals: bool = False, quantize: bool = False):
+def _load_predictor(threads: int, precision: str):
     from predictors.model import ModelMissing
     from predictors.service import Predictor
 
     try:
-        return Predictor(threads=threads, quantize=quantize, use_vitals=not no_vitals,
-                         escalate_below="trained" if escalate_below is None else (None if escalate_below >= 1 else escalate_below))
+        return Predictor(threads=threads, precision=precision)
     except ModelMissing as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -129,6 +140,7 @@ def evaluate_urgency(
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
     escalate_below: Annotated[Optional[float], typer.Option(help="override the trained threshold (>=1 disables escalation)")] = None,
     no_vitals: Annotated[bool, typer.Option("--no-vitals", help="switch off the ESI vital-sign floors (ablation)")] = False,
+    precision: Precision = "auto",
 ) -> None:
     """Evaluate the urgency predictor (accuracy, macro-F1, under-triage of levels 1-2, level-1 recall, confusion)."""
     from predictors.evaluate import DATASETS, evaluate_urgency as run
@@ -139,7 +151,7 @@ def evaluate_urgency(
     from predictors.urgency import decide_many
 
     try:
-        clf = Classifier(default_model_dir("urgency"), threads=threads)
+        clf = Classifier(default_model_dir("urgency"), threads=threads, precision=precision)
     except ModelMissing as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -151,6 +163,7 @@ def evaluate_urgency(
     rep = run(dataset, levels)
     rep["escalate_below"] = thr
     rep["vitals_rules"] = not no_vitals
+    rep["precision"] = clf.precision
     rep["dataset"] = dataset
     if as_json:
         typer.echo(json.dumps(rep))
@@ -171,7 +184,7 @@ def evaluate_urgency(
 
 @evaluate_app.command("length")
 def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
-                    threads: Annotated[int, typer.Option()] = 2) -> None:
+                    threads: Annotated[int, typer.Option()] = 2, precision: Precision = "auto") -> None:
     """Length-bucket accuracy and within-one-bucket accuracy on the corpus test split."""
     import numpy as np
 
@@ -180,7 +193,7 @@ def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
     from predictors.model import Classifier, default_model_dir
     from predictors.train import length_targets
 
-    clf = Classifier(default_model_dir("length"), threads=threads)
+    clf = Classifier(default_model_dir("length"), threads=threads, precision=precision)
     rows, gold = length_targets(load_corpus("test"), load_length_labels(), clf.meta.bucket_edges)
     pred = clf.probs([r["text"] for r in rows]).argmax(1)
     rep = bucket_report(gold, list(pred), len(clf.meta.labels))
@@ -195,12 +208,13 @@ def classify(
     file: Annotated[Optional[Path], typer.Option("--file", help="one text per line; one JSON object per line out")] = None,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
     verbose: Annotated[bool, typer.Option("--verbose", help="also print predicted_level, length estimate and reasons")] = False,
+    precision: Precision = "auto",
 ) -> None:
     """Classify text: prints {"level", "probs", "length_bucket"} as JSON."""
     if (text is None) == (file is None):
         raise typer.BadParameter("give either TEXT or --file PATH")
     texts = [text] if text is not None else file.read_text(encoding="utf-8").splitlines()
-    pred = _load_predictor(threads)
+    pred = _load_predictor(threads, precision)
     for i in range(0, len(texts), 64):
         for p in pred.predict(texts[i : i + 64]):
             obj = p.to_json()
@@ -218,7 +232,7 @@ def bench_classify(
     max_batch: Annotated[int, typer.Option(help="micro-batch size cap")] = 32,
     max_wait_ms: Annotated[float, typer.Option(help="full batching: longest wait for a batch to fill")] = 10.0,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
-    quantize: Annotated[bool, typer.Option("--quantize/--no-quantize", help="int8 dynamic quantisation of the linear layers")] = False,
+    precision: Precision = "auto",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Per-request classification latency at an offered rate, micro-batching on."""
@@ -227,5 +241,5 @@ def bench_classify(
     from predictors.bench import run_bench
 
     res = asyncio.run(run_bench(rate=rate, seconds=seconds, strategy=strategy, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                                threads=threads, quantize=quantize, seed=seed))
+                                threads=threads, precision=precision, seed=seed))
     typer.echo(json.dumps(res) if as_json else json.dumps(res, indent=2))

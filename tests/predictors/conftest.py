@@ -32,7 +32,7 @@ def trained_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("triage_home")
     cfg = TrainConfig(epochs=1, limit=320, seed=0)
     train_urgency(home / "predictors" / "urgency", cfg)
-    train_length(home / "predictors" / "length", cfg)
+    train_length(home / "predictors" / "length", TrainConfig.length_head(limit=320, seed=0))
     return home
 
 

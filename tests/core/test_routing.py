@@ -158,3 +158,29 @@ def test_decode_pool_by_free_blocks():
     g = make_router("gorouting")
     dec = [FakeLoad(0, free_blocks=10), FakeLoad(1, free_blocks=500), FakeLoad(2, free_blocks=500)]
     assert g.pick_decode(req(), dec, 0.0) == 1
+
+
+def test_gorouting_models_the_queue_the_local_scheduler_serves():
+    """Behind a class-aware local scheduler (triage: queue_order "level") an ESI-1 request
+    does not wait for the ESI-5 prefills queued on an instance; behind fcfs it waits for
+    everything queued there. An ESI-5 request waits behind everything in either view."""
+    from triage.policies.base import POLICIES
+
+    assert POLICIES["triage"].queue_order == "level" and POLICIES["fcfs"].queue_order == "arrival"
+
+    def pick(policy: str, level: int) -> int:
+        g = make_router("gorouting")
+        g.bind_policy(POLICIES[policy]())
+        low = _loaded(g, 0, 3.0)                             # 3 s of ESI-5 prefill queued
+        urgent = FakeLoad(1)                                 # 1 s of ESI-1 prefill queued
+        g.on_dispatch(req("u1", level=1, prompt=int(1.0 / PROFILE.estimator().prefill_time(1000) * 1000)), 1, 0.0, urgent)
+        return g.route(req(level=level, prompt=200), [low, urgent], 0.0)
+
+    assert pick("fcfs", 1) == 1          # 3 s queued would miss the 2 s TTFT: the 1 s queue
+    assert pick("triage", 1) == 0        # nothing as urgent queued on instance 0: the most idle for it
+    assert pick("triage", 5) == 1        # an ESI-5 request waits behind both queues: the shorter
+    g = make_router("gorouting", view="arrival")
+    g.bind_policy(POLICIES["triage"]())
+    assert not g.by_level                # an explicit view wins over the policy's
+    with pytest.raises(ValueError, match="view"):
+        make_router("gorouting", view="sideways")

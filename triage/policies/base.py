@@ -22,6 +22,10 @@ SchedulerView = EngineState
 
 class Policy(ABC):
     name: ClassVar[str]
+    # Whom a waiting request waits behind, as far as a router needs to know: "arrival"
+    # (everything queued before it) or "level" (mainly requests at least as urgent; the
+    # class-weighted and priority policies). GoRouting models an instance's queue this way.
+    queue_order: ClassVar[str] = "arrival"
 
     @abstractmethod
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:

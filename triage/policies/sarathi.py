@@ -54,3 +54,4 @@ class SarathiFCFS(_Sarathi):
 @register("sarathi-priority")
 class SarathiPriority(_Sarathi):
     by_priority = True
+    queue_order = "level"

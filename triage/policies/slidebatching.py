@@ -80,6 +80,8 @@ class QueueMetrics:
 
 @register("slidebatching")
 class SlideBatching(Policy):
+    queue_order = "level"  # class-weighted gain: a request mostly waits behind more urgent ones
+
     def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1) -> None:
         if phi not in ("a", "c", "p"):
             raise ValueError("phi must be 'a', 'c' or 'p'")

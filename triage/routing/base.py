@@ -96,6 +96,9 @@ class Router(ABC):
         """Seed 000 §4.3: the decode instance with the most free KV blocks."""
         return max(range(len(decode)), key=lambda i: (decode[i].free_blocks, -i))
 
+    def bind_policy(self, policy) -> None:
+        """Told the local scheduler the instances run (its `queue_order`) before routing starts."""
+
     # lifecycle notifications (instance = the instance's `index`)
     def on_dispatch(self, req: Request, instance: int, now: float, load: "InstanceLoad | None" = None) -> None: ...
     def on_first_token(self, req: Request, instance: int, now: float) -> None: ...

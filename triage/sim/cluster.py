@@ -102,6 +102,7 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
             pol.phi = "p"
         kind = estimator_kind or getattr(pol, "estimator_kind", "proserve")
         nodes.append(_Node(Instance(pol, profile, classes, rng, index=i, estimator_kind=kind), role))
+    rt.bind_policy(nodes[0].inst.policy)           # the instances' local scheduler (prefill side in PD)
     mixed = [n for n in nodes if n.role == "mixed"]
     prefill = [n for n in nodes if n.role == "prefill"]
     decode = [n for n in nodes if n.role == "decode"]

@@ -5,6 +5,10 @@
     p = await service.classify("abd pain, SBP 85")  # Prediction(level=2, predicted_level=3, ...)
     await service.close()
 
+Both predictions come from one encoder pass when the length head was trained on the
+urgency model's encoder (the default; `Predictor.shared_encoder`), in bf16 on CPUs that
+have it natively (`precision="auto"`).
+
 Inference never runs on the event loop: one worker thread owns the models and takes
 requests off a queue in micro-batches, with the two strategies of seed 004 (Sec. 4.1,
 "Scheduling Strategies for Predictors"):

@@ -70,18 +70,20 @@ def _f(pattern: str, text: str) -> float | None:
 def parse_vitals(text: str) -> Vitals:
     """Read age, BP, HR, RR, temperature, SpO2 and AVPU from nurse-style text.
 
-    Understands `SBP 85 DBP 50`, `BP 128/80`, `V/S 128/80-88-18-36.8`, `HR 110`, `PR 110`,
-    `RR 22`, `BT 36.8`, `T 38.2`, `SpO2 95`, `sat 91%`, `age 67`, `67M`, `67 y/o`,
-    `mental: verbal`, `AVPU P`. Text without such fields yields an empty `Vitals`.
+    Understands `SBP 85 DBP 50`, `BP 128/80`, `blood pressure 85/50`,
+    `V/S 128/80-88-18-36.8`, `HR 110`, `PR 110`, `pulse 110`, `heart rate of 110`, `RR 22`,
+    `resp rate 30`, `BT 36.8`, `T 38.2`, `SpO2 95`, `sat 91%`, `sats 88`, `oxygen 85`,
+    `age 67`, `67M`, `67 y/o`, `mental: verbal`, `AVPU P`. Text without such fields
+    yields an empty `Vitals`.
     """
     t = text[:4000]
     sbp = _f(r"\bSBP\s*:?\s*" + _NUM, t)
     dbp = _f(r"\bDBP\s*:?\s*" + _NUM, t)
-    hr = _f(r"\b(?:HR|PR|pulse)\s*:?\s*" + _NUM, t)
-    rr = _f(r"\bRR\s*:?\s*" + _NUM, t)
+    hr = _f(r"\b(?:HR|PR|pulse(?: rate)?|heart rate)(?: of| is)?\s*:?\s*" + _NUM, t)
+    rr = _f(r"\b(?:RR|resp(?:iratory)? rate)(?: of| is)?\s*:?\s*" + _NUM, t)
     bt = _f(r"\b(?:BT|T|temp)\s*:?\s*(\d{2}(?:\.\d)?)\b", t)
-    spo2 = _f(r"\b(?:SpO2|SaO2|sat|O2 sat)\s*:?\s*" + _NUM, t)
-    m = re.search(r"\bBP\s*:?\s*(\d{2,3})\s*/\s*(\d{2,3})", t, flags=re.IGNORECASE)
+    spo2 = _f(r"\b(?:SpO2|SaO2|sats?|O2 sat|oxygen(?: sat(?:uration)?)?)(?: of| is)?\s*:?\s*" + _NUM, t)
+    m = re.search(r"\b(?:BP|blood pressure)(?: of| is)?\s*:?\s*(\d{2,3})\s*/\s*(\d{2,3})", t, flags=re.IGNORECASE)
     if m and sbp is None:
         sbp, dbp = float(m.group(1)), float(m.group(2))
     m = re.search(r"\bV/?S\s*:?\s*(\d{2,3})/(\d{2,3})-(\d{2,3})-(\d{1,2})-(\d{2}(?:\.\d)?)", t, flags=re.IGNORECASE)

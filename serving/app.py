@@ -223,6 +223,9 @@ async def _start_predictor(s: Settings):
     except FileNotFoundError as e:
         raise RuntimeError(f"the predictors are not trained ({e}); run `triage train all` "
                            "(`triage serve` does it on first start)") from None
+    p = svc.predictor
+    log.info("predictors ready: precision %s, %s", p.urgency.precision,
+             "one encoder pass for both" if p.shared_encoder else "two encoder passes (length model not trained on the urgency encoder)")
     return svc
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -455,10 +456,32 @@ def supplement(start_id: int) -> list[dict]:
     return [{k: r[k] for k in ("id", "text", "level", "split", "style", "rule")} for r in rows]
 
 
-def main() -> None:
+def revision3(rows: list[dict]) -> list[dict]:
+    """Revision 3: a row labelled 2 by decision point D must show its danger-zone reading.
+    The generator drew danger vitals and then printed a vitals line that may leave SpO2
+    out (and judged SBP < 90 in children, where ESI's limit is lower), so some D rows read
+    as normal. Those are relabelled 3 (their complaint's level: two or more resources).
+    "Shows" means: the ESI floors of `predictors.vitals`, run on the text as written,
+    raise a level-3 candidate to 2. Texts and ids are unchanged."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    from predictors.vitals import parse_vitals, safety_floor
+
+    for r in rows:
+        if r["rule"].startswith("D:") and safety_floor(parse_vitals(r["text"]), 3).level > 2:
+            r["level"], r["rule"] = 3, "C:2+resources(danger vitals not in text,rev3)"
+    return rows
+
+
+def corpus_rows() -> list[dict]:
+    """Every row of the current revision, in file order (deterministic)."""
     rows = build()
     seen = {r["text"].strip().lower() for r in rows}
     rows += [r for r in supplement(len(rows)) if r["text"].strip().lower() not in seen]
+    return revision3(rows)
+
+
+def main() -> None:
+    rows = corpus_rows()
     with OUT.open("w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -21,6 +21,9 @@ from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_f
     ("pt 5 y/o M, CC: fever; V/S 100/60-150-32-38.9, sat 91; AVPU V",
      dict(age=5, sbp=100, dbp=60, hr=150, rr=32, bt=38.9, spo2=91, avpu="V")),
     ("dyspnea, age 80, mental: responds to pain only", dict(age=80, avpu="P")),
+    ("my dad, heart rate of 135, resp rate 32, sats 88, blood pressure 85/50",        # spelled out by a caller
+     dict(hr=135, rr=32, spo2=88, sbp=85, dbp=50)),
+    ("pulse 40, oxygen saturation 84", dict(hr=40, spo2=84)),
     ("my dad has chest pain", dict()),
     ("", dict()),
 ])

@@ -45,7 +45,7 @@ class Prediction:
     predicted_level: int  # the urgency classifier's own most probable level, before escalation
     probs: tuple[float, ...]  # calibrated P(level 1..5)
     length_bucket: int  # index into the length buckets (0 = shortest)
-    length_tokens_estimate: int  # median output tokens of the served model for that bucket
+    length_tokens_estimate: int  # expected output tokens: Σ P(bucket)·(median tokens of the bucket)
     reasons: tuple[str, ...] = ()  # why level differs from predicted_level (empty when it does not)
 
     def to_json(self) -> dict:
@@ -84,7 +84,10 @@ class Predictor:
         for text, p, q in zip(texts, up, lp):
             d = decide(p, text, self.escalate_below, self.use_vitals)
             b = int(np.argmax(q))
-            out.append(Prediction(d.level, d.predicted_level, tuple(float(x) for x in p), b, int(tokens[b]), d.reasons))
+            # the expectation, not the argmax bucket's median: with two thirds of the answers
+            # at the cap the argmax is nearly always the cap, and the scheduler wants a mean
+            est = int(round(float(np.dot(q, tokens))))
+            out.append(Prediction(d.level, d.predicted_level, tuple(float(x) for x in p), b, max(1, est), d.reasons))
         return out
 
     def levels(self, texts: list[str]) -> list[int]:

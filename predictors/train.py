@@ -61,7 +61,11 @@ def _seed_all(seed: int) -> None:
 
 
 def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Path, cfg: TrainConfig,
-               progress: ProgressFn | None, new_head: bool = False):
+               progress: ProgressFn | None, new_head: bool = False, val: tuple[list[str], list[int]] | None = None):
+    """Fine-tune; returns (tokenizer, model in eval mode, info dict). `new_head`: `encoder` is another
+    classifier whose encoder is kept; the new output layer starts at the training prior
+    (zero weights, bias = log class frequency), so it predicts the prior until training
+    finds signal. `val`: keep the epoch (0 = that start) with the lowest validation loss."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
     from transformers.utils import logging as hf_logging
@@ -76,7 +80,10 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     finally:
         hf_logging.set_verbosity(verbosity)
     if new_head:  # `encoder` is another classifier: keep its encoder (and pooler) but not its output layer
-        model.classifier.reset_parameters()
+        freq = np.bincount(labels, minlength=n_classes) + 1.0
+        with torch.no_grad():
+            model.classifier.weight.zero_()
+            model.classifier.bias.copy_(torch.tensor(np.log(freq / freq.sum()), dtype=model.classifier.bias.dtype))
     model.train()
     if cfg.freeze_embeddings:
         for p in model.base_model.embeddings.parameters():
@@ -94,6 +101,7 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     y = torch.tensor(labels, dtype=torch.long)
     lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]])
     top = _TopLayers.build(model, tok, texts, cfg) if cfg.train_layers is not None else None
+    keeper = _BestEpoch(model, tok, val, cfg) if val is not None and top is not None else None
     for epoch in range(cfg.epochs):
         for s, idx in enumerate(_length_grouped_batches(lengths, cfg.batch_size, gen)):
             if top is not None:
@@ -109,8 +117,53 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
             opt.zero_grad(set_to_none=True)
             if progress:
                 progress(f"epoch {epoch + 1}/{cfg.epochs}", s + 1, steps_per_epoch)
+        if keeper is not None:
+            keeper.check(epoch + 1)
+    info = {}
+    if keeper is not None:
+        keeper.restore()
+        info = {"best_epoch": keeper.epoch, "validation_loss_by_epoch": keeper.losses}
     model.eval()
-    return tok, model
+    return tok, model, info
+
+
+class _BestEpoch:
+    """Validation loss after every epoch (on cached encoder states); `restore` puts back the
+    trainable weights of the best epoch (0 = before training)."""
+
+    def __init__(self, model, tok, val, cfg):
+        import torch
+
+        self.model = model
+        self.top = _TopLayers.build(model, tok, list(val[0]), cfg)
+        self.y = torch.tensor(list(val[1]), dtype=torch.long)
+        self.best: tuple[float, int, dict] | None = None
+        self.losses: list[float] = []
+        self.check(0)
+
+    def check(self, epoch: int) -> None:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            loss = float(torch.nn.functional.cross_entropy(self.top.logits(list(range(len(self.y)))), self.y))
+        self.model.train()
+        self.losses.append(round(loss, 4))
+        if self.best is None or loss < self.best[0]:
+            state = {k: v.detach().clone() for k, v in self.model.named_parameters() if v.requires_grad}
+            self.best = (loss, epoch, state)
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            params = dict(self.model.named_parameters())
+            for k, v in self.best[2].items():
+                params[k].copy_(v)
+
+    @property
+    def epoch(self) -> int:
+        return self.best[1]
 
 
 class _TopLayers:
@@ -237,7 +290,7 @@ def train_urgency(out_dir: Path | None = None, cfg: TrainConfig | None = None, e
     rows = load_corpus()
     tr, va, te = _split(rows, "train", cfg.limit), _split(rows, "validation"), _split(rows, "test")
     t0 = time.time()
-    tok, model = _fine_tune([r["text"] for r in tr], [r["level"] - 1 for r in tr], 5, enc_dir, cfg, progress)
+    tok, model, _ = _fine_tune([r["text"] for r in tr], [r["level"] - 1 for r in tr], 5, enc_dir, cfg, progress)
     train_s = time.time() - t0
     if progress:
         progress("calibrate", 0, 2)
@@ -300,7 +353,8 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
         raise RuntimeError(f"too few length labels ({len(tr)} train, {len(va)} validation) in {length_labels_path()}")
     n = len(edges) + 1
     t0 = time.time()
-    tok, model = _fine_tune([r["text"] for r in tr], ytr, n, base, cfg, progress, new_head=True)
+    tok, model, info = _fine_tune([r["text"] for r in tr], ytr, n, base, cfg, progress, new_head=True,
+                                  val=([r["text"] for r in va], yva))
     train_s = time.time() - t0
     if progress:
         progress("calibrate", 0, 1)
@@ -324,7 +378,7 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
                           temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens,
                           train_info={**cfg.__dict__, "n_train": len(tr), "train_seconds": round(train_s, 1),
                                       "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path()),
-                                      "encoder_of": str(base)},
+                                      "encoder_of": str(base), **info},
                           metrics=metrics)
     _save(tok, model, meta, out_dir)
     return meta

@@ -62,10 +62,12 @@ def _seed_all(seed: int) -> None:
 
 def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Path, cfg: TrainConfig,
                progress: ProgressFn | None, new_head: bool = False, val: tuple[list[str], list[int]] | None = None):
-    """Fine-tune; returns (tokenizer, model in eval mode, info dict). `new_head`: `encoder` is another
-    classifier whose encoder is kept; the new output layer starts at the training prior
-    (zero weights, bias = log class frequency), so it predicts the prior until training
-    finds signal. `val`: keep the epoch (0 = that start) with the lowest validation loss."""
+    """Fine-tune; returns (tokenizer, model in eval mode, info dict).
+
+    `new_head`: `encoder` is another classifier whose encoder is kept; the new output layer
+    starts at the training prior (zero weights, bias = log class frequency), so it predicts
+    the prior until training finds signal. `val`: keep the epoch (0 = that start) with the
+    lowest validation loss (on the cached-states path only)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
     from transformers.utils import logging as hf_logging
@@ -101,7 +103,7 @@ def _fine_tune(texts: list[str], labels: list[int], n_classes: int, encoder: Pat
     y = torch.tensor(labels, dtype=torch.long)
     lengths = np.array([len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]])
     top = _TopLayers.build(model, tok, texts, cfg) if cfg.train_layers is not None else None
-    keeper = _BestEpoch(model, tok, val, cfg) if val is not None and top is not None else None
+    keeper = _BestEpoch.build(model, tok, val, cfg) if val is not None and top is not None else None
     for epoch in range(cfg.epochs):
         for s, idx in enumerate(_length_grouped_batches(lengths, cfg.batch_size, gen)):
             if top is not None:
@@ -131,15 +133,18 @@ class _BestEpoch:
     """Validation loss after every epoch (on cached encoder states); `restore` puts back the
     trainable weights of the best epoch (0 = before training)."""
 
-    def __init__(self, model, tok, val, cfg):
-        import torch
-
-        self.model = model
-        self.top = _TopLayers.build(model, tok, list(val[0]), cfg)
-        self.y = torch.tensor(list(val[1]), dtype=torch.long)
+    def __init__(self, model, top, y):
+        self.model, self.top, self.y = model, top, y
         self.best: tuple[float, int, dict] | None = None
         self.losses: list[float] = []
         self.check(0)
+
+    @classmethod
+    def build(cls, model, tok, val, cfg) -> "_BestEpoch | None":
+        import torch
+
+        top = _TopLayers.build(model, tok, list(val[0]), cfg)
+        return cls(model, top, torch.tensor(list(val[1]), dtype=torch.long)) if top is not None else None
 
     def check(self, epoch: int) -> None:
         import torch

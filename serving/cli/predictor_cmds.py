@@ -51,17 +51,18 @@ def _config(kind, epochs, lr, seed, threads, limit):
     return cfg
 
 
-def _train(kind: str, out: Optional[Path], cfg, encoder: Optional[str], edges: Optional[str]) -> dict:
+def _train(kind: str, out: Optional[Path], cfg, source: Optional[str], edges: Optional[str]) -> dict:
+    """`source`: the encoder to fine-tune (urgency) or the urgency model whose encoder the head shares (length)."""
     from predictors import train as tr
 
     typer.echo(f"training {kind} predictor ({cfg.epochs} epochs, {cfg.threads} threads)", err=True)
     with _progress() as progress:
         cb = _progress_fn(progress)
         if kind == "urgency":
-            meta = tr.train_urgency(out, cfg, encoder, progress=cb)
+            meta = tr.train_urgency(out, cfg, source, progress=cb)
         else:
             e = [int(x) for x in edges.split(",")] if edges else tr.DEFAULT_LENGTH_EDGES
-            meta = tr.train_length(out, cfg, encoder, edges=e, progress=cb)  # encoder: the urgency model it shares
+            meta = tr.train_length(out, cfg, source, edges=e, progress=cb)
     test = meta.metrics["test"]
     summary = {"kind": kind, "train_seconds": meta.train_info["train_seconds"], "test_accuracy": round(test["accuracy"], 4)}
     if kind == "urgency":

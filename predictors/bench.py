@@ -16,13 +16,13 @@ from predictors.service import PredictorService
 
 
 async def run_bench(rate: float, seconds: float, strategy: str = "immediate", max_batch: int = 32, max_wait_ms: float = 10.0,
-                    threads: int = 2, precision: str = "auto", seed: int = 0, service: PredictorService | None = None) -> dict:
+                    threads: int = 2, runtime: str = "auto", seed: int = 0, service: PredictorService | None = None) -> dict:
     if rate <= 0 or seconds <= 0:
         raise ValueError("rate and seconds must be positive")
     texts = [r["text"] for r in load_corpus("test")]
     rng = np.random.default_rng(seed)
     own = service is None
-    svc = service or PredictorService(strategy=strategy, max_batch=max_batch, max_wait_ms=max_wait_ms, threads=threads, precision=precision)
+    svc = service or PredictorService(strategy=strategy, max_batch=max_batch, max_wait_ms=max_wait_ms, threads=threads, runtime=runtime)
     await svc.start()
     try:
         async def one(text: str, at: float, out: list | None):
@@ -61,7 +61,7 @@ async def run_bench(rate: float, seconds: float, strategy: str = "immediate", ma
             "achieved_rate": round(n / wall, 2), "seconds": seconds, "strategy": svc.strategy, "max_batch": svc.max_batch,
             "max_wait_ms": svc.max_wait_s * 1000.0, "mean_batch": round((svc.stats.requests - r0) / max(batches, 1), 2),
             "submit_lag_p99_ms": round(float(np.percentile(late, 99)), 2), "threads": threads,
-            "precision": svc.predictor.urgency.precision, "shared_encoder": svc.predictor.shared_encoder,
+            "runtime": svc.predictor.urgency.runtime, "shared_encoder": svc.predictor.shared_encoder,
         }
     finally:
         if own:

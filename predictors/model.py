@@ -7,6 +7,7 @@ torch and transformers are imported here, so import this module lazily from CLI 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from triage.paths import state_dir
+
+log = logging.getLogger(__name__)
 
 META_FILE = "triage_meta.json"
 MAX_CHARS = 4000  # text beyond this cannot reach max_length tokens anyway; cut before tokenising
@@ -76,7 +79,7 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-PRECISIONS = ("auto", "fp32", "bf16")
+RUNTIMES = ("auto", "onnx", "torch", "torch-bf16")
 
 
 def native_bf16() -> bool:
@@ -88,15 +91,16 @@ def native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-def resolve_precision(precision: str) -> str:
-    """"auto" is bf16 where the CPU computes it natively (about 60 % of the fp32 time, logits
-    within ~0.05 of fp32), else fp32. (int8 dynamic quantisation was as fast but changed
-    about one prediction in ten; see docs/predictors.md.)"""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "auto":
-        return "bf16" if native_bf16() else "fp32"
-    return precision
+def _check_runtime(runtime: str) -> None:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+
+
+def torch_runtime() -> str:
+    """PyTorch's faster choice here: bf16 where the CPU computes it natively (about 60 % of the
+    fp32 time, logits within ~0.05 of fp32), else fp32. (int8 dynamic quantisation was as fast
+    but changed about one prediction in ten; see docs/predictors.md.)"""
+    return "torch-bf16" if native_bf16() else "torch"
 
 
 def set_threads(threads: int | None) -> None:
@@ -109,40 +113,59 @@ def set_threads(threads: int | None) -> None:
 class Classifier:
     """A loaded classifier. Not thread-safe: use it from one thread (the service's worker)."""
 
-    def __init__(self, model_dir: str | os.PathLike, threads: int | None = None, precision: str = "fp32"):
+    def __init__(self, model_dir: str | os.PathLike, threads: int | None = None, runtime: str = "torch"):
         model_dir = Path(model_dir)
         if not (model_dir / META_FILE).exists():
             raise ModelMissing(f"no trained predictor at {model_dir}: run `triage train all`")
-        import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         set_threads(threads)
         self.dir = model_dir
+        self.threads = threads
         self.meta = ClassifierMeta.load(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
-        self.precision = "fp32"
-        self.set_precision(precision)
+        self.runtime = "torch"
+        self.heads: tuple[Classifier, ...] = (self,)
+        self._onnx = None
+        if runtime != "torch":
+            self.set_runtime(runtime)
 
-    def set_precision(self, precision: str) -> None:
-        """Convert the loaded fp32 model once to "bf16" (weights and activations); see
-        `resolve_precision` for "auto"."""
-        import torch
+    def set_runtime(self, runtime: str, also: tuple["Classifier", ...] = ()) -> None:
+        """Where the forward pass runs, chosen once after loading (the model loads as PyTorch
+        fp32): "onnx" (ONNX Runtime, fp32; see predictors.onnx_graph), "torch" (fp32),
+        "torch-bf16" (weights and activations in bf16), or "auto": ONNX Runtime, else
+        `torch_runtime()` when onnxruntime is missing or the export fails its check (logged).
+        `also`: classifiers whose heads run on this one's encoder pass (`shares_encoder`);
+        `all_logits` then returns their logits after this one's."""
+        from predictors.onnx_graph import OnnxGraph, OnnxUnavailable
 
-        precision = resolve_precision(precision)
-        if precision == self.precision:
-            return
-        if self.precision != "fp32":
-            raise ValueError(f"model already converted to {self.precision}")
-        self.model = self.model.to(torch.bfloat16)
-        self.precision = precision
+        _check_runtime(runtime)
+        if self.runtime != "torch" or self._onnx is not None:
+            raise ValueError(f"runtime already set to {self.runtime}")
+        self.heads = (self, *also)
+        if runtime in ("auto", "onnx"):
+            try:
+                self._onnx = OnnxGraph.export_for(self, self.heads, self.threads)
+                self.runtime = "onnx"
+                return
+            except OnnxUnavailable as e:
+                if runtime == "onnx":
+                    raise
+                log.warning("ONNX Runtime not used for the %s predictor: %s", self.meta.kind, e)
+                runtime = torch_runtime()
+        if runtime == "torch-bf16":
+            import torch
+
+            self.model = self.model.to(torch.bfloat16)
+        self.runtime = runtime
 
     def encode(self, texts: list[str]):
         return self.tokenizer([clean_text(t) for t in texts], padding=True, truncation=True,
                               max_length=self.meta.max_length, return_tensors="pt")
 
     def hidden(self, enc):
-        """The encoder's last hidden states for a tokenised batch (no classification head)."""
+        """The PyTorch encoder's last hidden states for a tokenised batch (no classification head)."""
         return self.model.base_model(**enc).last_hidden_state
 
     def head_logits(self, hidden):
@@ -152,21 +175,42 @@ class Classifier:
         import torch
 
         m = self.model
+        hidden = hidden.to(m.classifier.weight.dtype)  # e.g. a bf16 encoder pass into an fp32 head
         if hasattr(m, "pre_classifier"):
             return m.classifier(torch.relu(m.pre_classifier(hidden[:, 0])))
         return m.classifier(m.base_model.pooler(hidden))
 
-    def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    def all_logits(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
+        """Logits of every head in `self.heads` (this classifier's first) from one encoder pass per batch."""
         import torch
 
-        out = []
+        out: list[list[np.ndarray]] = [[] for _ in self.heads]
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
                 enc = self.encode(texts[i : i + batch_size])
-                out.append(self.model(**enc).logits.float().numpy())
-        if not out:
-            return np.zeros((0, len(self.meta.labels)), dtype=np.float32)
-        return np.concatenate(out)
+                if self._onnx is not None:
+                    logits = self._onnx(enc)
+                else:
+                    hidden = self.hidden(enc)
+                    logits = [h.head_logits(hidden).float().numpy() for h in self.heads]
+                for acc, lg in zip(out, logits):
+                    acc.append(lg)
+        return [np.concatenate(acc) if acc else np.zeros((0, len(h.meta.labels)), dtype=np.float32)
+                for acc, h in zip(out, self.heads)]
+
+    def head_modules(self) -> list:
+        """The modules `head_logits` runs."""
+        m = self.model
+        if hasattr(m, "pre_classifier"):
+            return [m.pre_classifier, m.classifier]
+        return [m.base_model.pooler, m.classifier]
+
+    def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self.all_logits(texts, batch_size)[0]
+
+    def all_probs(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
+        """Calibrated probabilities of every head in `self.heads`, each with its own temperature."""
+        return [softmax(lg, h.meta.temperature) for lg, h in zip(self.all_logits(texts, batch_size), self.heads)]
 
     def probs(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Calibrated class probabilities, shape (len(texts), n_classes)."""
@@ -181,11 +225,11 @@ def _encoder_state(model) -> dict:
 def shares_encoder(a: Classifier, b: Classifier) -> bool:
     """True when `b` can be run as a head on `a`'s encoder pass: same tokenizer settings,
     identical encoder weights, and `b`'s head on `a`'s hidden states gives `b`'s own logits.
-    Call before `set_precision` (the check compares fp32 weights)."""
+    Call before `set_runtime` (the check compares fp32 weights)."""
     import torch
 
-    if a.precision != "fp32" or b.precision != "fp32":
-        raise ValueError("shares_encoder compares fp32 weights: call it before set_precision()")
+    if a.runtime != "torch" or b.runtime != "torch":
+        raise ValueError("shares_encoder compares PyTorch fp32 weights: call it before set_runtime()")
     if a.meta.max_length != b.meta.max_length or a.tokenizer.get_vocab() != b.tokenizer.get_vocab():
         return False
     if not hasattr(b.model, "pre_classifier") and getattr(b.model.base_model, "pooler", None) is None:
@@ -196,18 +240,3 @@ def shares_encoder(a: Classifier, b: Classifier) -> bool:
     with torch.inference_mode():
         enc = a.encode(["chest pain, HR 120", "a cough for two weeks, no fever"])
         return bool(torch.allclose(b.head_logits(a.hidden(enc)), b.model(**enc).logits, atol=1e-4))
-
-
-def shared_probs(a: Classifier, b: Classifier, texts: list[str], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """Both classifiers' calibrated probabilities from one encoder pass (see `shares_encoder`)."""
-    import torch
-
-    la, lb = [], []
-    with torch.inference_mode():
-        for i in range(0, len(texts), batch_size):
-            h = a.hidden(a.encode(texts[i : i + batch_size]))
-            la.append(a.head_logits(h).float().numpy())
-            lb.append(b.head_logits(h).float().numpy())
-    if not la:
-        return np.zeros((0, len(a.meta.labels))), np.zeros((0, len(b.meta.labels)))
-    return softmax(np.concatenate(la), a.meta.temperature), softmax(np.concatenate(lb), b.meta.temperature)

@@ -6,8 +6,8 @@
     await service.close()
 
 Both predictions come from one encoder pass when the length head was trained on the
-urgency model's encoder (the default; `Predictor.shared_encoder`), in bf16 on CPUs that
-have it natively (`precision="auto"`).
+urgency model's encoder (the default; `Predictor.shared_encoder`), under ONNX Runtime
+(`runtime="auto"`; see `Classifier.set_runtime`).
 
 Inference never runs on the event loop: one worker thread owns the models and takes
 requests off a queue in micro-batches, with the two strategies of seed 004 (Sec. 4.1,
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictors.model import Classifier, default_model_dir, shared_probs, shares_encoder
+from predictors.model import Classifier, default_model_dir, shares_encoder
 from predictors.urgency import decide
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,16 @@ class Predictor:
     """Synchronous batch prediction with both trained models (use from one thread)."""
 
     def __init__(self, urgency_dir: str | Path | None = None, length_dir: str | Path | None = None, threads: int | None = 2,
-                 precision: str = "auto", escalate_below: float | None | str = "trained", use_vitals: bool = True):
+                 runtime: str = "auto", escalate_below: float | None | str = "trained", use_vitals: bool = True):
         self.urgency = Classifier(urgency_dir or default_model_dir("urgency"), threads=threads)
         self.length = Classifier(length_dir or default_model_dir("length"), threads=threads)
         # the length head is trained on the urgency model's frozen encoder: one encoder pass serves both
         self.shared_encoder = shares_encoder(self.urgency, self.length)
-        self.urgency.set_precision(precision)
-        self.length.set_precision(precision)
+        if self.shared_encoder:
+            self.urgency.set_runtime(runtime, also=(self.length,))
+        else:
+            self.urgency.set_runtime(runtime)
+            self.length.set_runtime(runtime)
         self.escalate_below = self.urgency.meta.escalate_below if escalate_below == "trained" else escalate_below
         self.use_vitals = use_vitals
 
@@ -76,7 +79,7 @@ class Predictor:
         if not texts:
             return []
         if self.shared_encoder:
-            up, lp = shared_probs(self.urgency, self.length, texts)
+            up, lp = self.urgency.all_probs(texts)
         else:
             up, lp = self.urgency.probs(texts), self.length.probs(texts)
         out = []
@@ -116,7 +119,7 @@ class PredictorService:
     """Micro-batching front of a `Predictor`, safe to call from any number of coroutines."""
 
     def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
-                 max_wait_ms: float = 10.0, threads: int = 2, precision: str = "auto",
+                 max_wait_ms: float = 10.0, threads: int = 2, runtime: str = "auto",
                  urgency_dir: str | Path | None = None, length_dir: str | Path | None = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -124,7 +127,7 @@ class PredictorService:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self.strategy, self.max_batch, self.max_wait_s = strategy, int(max_batch), float(max_wait_ms) / 1000.0
         self._predictor = predictor
-        self._model_args = dict(urgency_dir=urgency_dir, length_dir=length_dir, threads=threads, precision=precision)
+        self._model_args = dict(urgency_dir=urgency_dir, length_dir=length_dir, threads=threads, runtime=runtime)
         self._q: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-STAMP=$VENV/.triage-setup-v2
+STAMP=$VENV/.triage-setup-v3
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"

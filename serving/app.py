@@ -216,7 +216,7 @@ async def _start_predictor(s: Settings):
     from predictors.service import PredictorService
 
     d = Path(s.predictors_dir) if s.predictors_dir else None
-    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, precision=s.predictor_precision,
+    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, runtime=s.predictor_runtime,
                            urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None)
     try:
         await svc.start()
@@ -224,7 +224,7 @@ async def _start_predictor(s: Settings):
         raise RuntimeError(f"the predictors are not trained ({e}); run `triage train all` "
                            "(`triage serve` does it on first start)") from None
     p = svc.predictor
-    log.info("predictors ready: precision %s, %s", p.urgency.precision,
+    log.info("predictors ready: runtime %s, %s", p.urgency.runtime,
              "one encoder pass for both" if p.shared_encoder else "two encoder passes (length model not trained on the urgency encoder)")
     return svc
 

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
     predictor_threads: int = Field(1, gt=0)
-    predictor_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 where the CPU has it natively
+    predictor_runtime: Literal["auto", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX Runtime (see predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors
 
     # first start

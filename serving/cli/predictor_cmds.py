@@ -74,7 +74,8 @@ def _train(kind: str, out: Optional[Path], cfg, source: Optional[str], edges: Op
     return summary
 
 
-Precision = Annotated[str, typer.Option(help="auto (the service's default: bf16 where the CPU has it natively, else fp32) | fp32 | bf16")]
+Runtime = Annotated[str, typer.Option(help="where the encoder runs: auto (the service's default: ONNX Runtime, "
+                                       "else PyTorch) | onnx | torch | torch-bf16")]
 Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 3; the length head 20)")]
 Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4; the length head 1e-3)")]
 Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]
@@ -123,12 +124,12 @@ def train_all(if_missing: Annotated[bool, typer.Option("--if-missing", help="ski
         trained_urgency |= kind == "urgency"
 
 
-def _load_predictor(threads: int, precision: str):
+def _load_predictor(threads: int, runtime: str):
     from predictors.model import ModelMissing
     from predictors.service import Predictor
 
     try:
-        return Predictor(threads=threads, precision=precision)
+        return Predictor(threads=threads, runtime=runtime)
     except ModelMissing as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -141,7 +142,7 @@ def evaluate_urgency(
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
     escalate_below: Annotated[Optional[float], typer.Option(help="override the trained threshold (>=1 disables escalation)")] = None,
     no_vitals: Annotated[bool, typer.Option("--no-vitals", help="switch off the ESI vital-sign floors (ablation)")] = False,
-    precision: Precision = "auto",
+    runtime: Runtime = "auto",
 ) -> None:
     """Evaluate the urgency predictor (accuracy, macro-F1, under-triage of levels 1-2, level-1 recall, confusion)."""
     from predictors.evaluate import DATASETS, evaluate_urgency as run
@@ -152,7 +153,7 @@ def evaluate_urgency(
     from predictors.urgency import decide_many
 
     try:
-        clf = Classifier(default_model_dir("urgency"), threads=threads, precision=precision)
+        clf = Classifier(default_model_dir("urgency"), threads=threads, runtime=runtime)
     except ModelMissing as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -164,7 +165,7 @@ def evaluate_urgency(
     rep = run(dataset, levels)
     rep["escalate_below"] = thr
     rep["vitals_rules"] = not no_vitals
-    rep["precision"] = clf.precision
+    rep["runtime"] = clf.runtime
     rep["dataset"] = dataset
     if as_json:
         typer.echo(json.dumps(rep))
@@ -185,7 +186,7 @@ def evaluate_urgency(
 
 @evaluate_app.command("length")
 def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
-                    threads: Annotated[int, typer.Option()] = 2, precision: Precision = "auto") -> None:
+                    threads: Annotated[int, typer.Option()] = 2, runtime: Runtime = "auto") -> None:
     """Length-bucket accuracy and within-one-bucket accuracy on the corpus test split."""
     import numpy as np
 
@@ -194,7 +195,7 @@ def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
     from predictors.model import Classifier, default_model_dir
     from predictors.train import length_targets
 
-    clf = Classifier(default_model_dir("length"), threads=threads, precision=precision)
+    clf = Classifier(default_model_dir("length"), threads=threads, runtime=runtime)
     rows, gold = length_targets(load_corpus("test"), load_length_labels(), clf.meta.bucket_edges)
     pred = clf.probs([r["text"] for r in rows]).argmax(1)
     rep = bucket_report(gold, list(pred), len(clf.meta.labels))
@@ -209,13 +210,13 @@ def classify(
     file: Annotated[Optional[Path], typer.Option("--file", help="one text per line; one JSON object per line out")] = None,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
     verbose: Annotated[bool, typer.Option("--verbose", help="also print predicted_level, length estimate and reasons")] = False,
-    precision: Precision = "auto",
+    runtime: Runtime = "auto",
 ) -> None:
     """Classify text: prints {"level", "probs", "length_bucket"} as JSON."""
     if (text is None) == (file is None):
         raise typer.BadParameter("give either TEXT or --file PATH")
     texts = [text] if text is not None else file.read_text(encoding="utf-8").splitlines()
-    pred = _load_predictor(threads, precision)
+    pred = _load_predictor(threads, runtime)
     for i in range(0, len(texts), 64):
         for p in pred.predict(texts[i : i + 64]):
             obj = p.to_json()
@@ -233,7 +234,7 @@ def bench_classify(
     max_batch: Annotated[int, typer.Option(help="micro-batch size cap")] = 32,
     max_wait_ms: Annotated[float, typer.Option(help="full batching: longest wait for a batch to fill")] = 10.0,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
-    precision: Precision = "auto",
+    runtime: Runtime = "auto",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Per-request classification latency at an offered rate, micro-batching on."""
@@ -242,5 +243,5 @@ def bench_classify(
     from predictors.bench import run_bench
 
     res = asyncio.run(run_bench(rate=rate, seconds=seconds, strategy=strategy, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                                threads=threads, precision=precision, seed=seed))
+                                threads=threads, runtime=runtime, seed=seed))
     typer.echo(json.dumps(res) if as_json else json.dumps(res, indent=2))

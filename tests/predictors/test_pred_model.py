@@ -37,13 +37,13 @@ def test_long_text_is_truncated_not_rejected(predictor):
     assert enc["input_ids"].shape[1] == predictor.urgency.meta.max_length
 
 
-@pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("bf16", 1e-2)])
-def test_batch_equals_single_and_is_deterministic(trained_home, precision, atol):
+@pytest.mark.parametrize("runtime,atol", [("onnx", 1e-4), ("torch", 1e-4), ("torch-bf16", 1e-2)])
+def test_batch_equals_single_and_is_deterministic(trained_home, runtime, atol):
     """A request's prediction does not depend on what it was batched with (up to float
     rounding: bf16 sums in a different order for a different batch shape)."""
     from predictors.service import Predictor
 
-    predictor = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", precision=precision)
+    predictor = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", runtime=runtime)
     texts = list(EDGE_TEXTS.values()) + ["ankle sprain, age 23, SBP 120 DBP 80 HR 70 RR 16 BT 36.6, mental: alert"]
     batch = predictor.predict(texts)
     single = [predictor.predict([t])[0] for t in texts]
@@ -103,13 +103,12 @@ def test_one_encoder_pass_serves_both_predictors(trained_home):
     """The length head is trained on the urgency model's frozen encoder, so the service runs
     the encoder once per text; its outputs equal running each model on its own."""
     from predictors.corpus import load_corpus
-    from predictors.model import shared_probs
     from predictors.service import Predictor
 
-    pred = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", precision="fp32")
+    pred = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", runtime="torch")
     assert pred.shared_encoder
     texts = [r["text"] for r in load_corpus("test")[:40]] + list(EDGE_TEXTS.values())
-    up, lp = shared_probs(pred.urgency, pred.length, texts)
+    up, lp = pred.urgency.all_probs(texts)
     assert np.allclose(up, pred.urgency.probs(texts), atol=1e-5)
     assert np.allclose(lp, pred.length.probs(texts), atol=1e-5)
 
@@ -132,15 +131,73 @@ def test_a_length_model_on_another_encoder_is_run_separately(trained_home, tmp_p
 
 
 def test_bf16_predicts_the_levels_fp32_does(trained_home):
-    """The service's "auto" precision is bf16 on CPUs with native bf16; it must not change
-    what the predictor says (docs/predictors.md: 99.5 % argmax agreement on validation)."""
+    """Without onnxruntime the service runs PyTorch in bf16 on CPUs with native bf16; that
+    must not change what the predictor says (docs/predictors.md: 99.5 % argmax agreement)."""
     from predictors.corpus import load_corpus
     from predictors.service import Predictor
 
     texts = [r["text"] for r in load_corpus("test")]
     dirs = (trained_home / "predictors" / "urgency", trained_home / "predictors" / "length")
-    fp32 = Predictor(*dirs, precision="fp32").predict(texts)
-    bf16 = Predictor(*dirs, precision="bf16").predict(texts)
+    fp32 = Predictor(*dirs, runtime="torch").predict(texts)
+    bf16 = Predictor(*dirs, runtime="torch-bf16").predict(texts)
     agree = np.mean([a.level == b.level for a, b in zip(fp32, bf16)])
     assert agree >= 0.97, agree
     assert max(abs(x - y) for a, b in zip(fp32, bf16) for x, y in zip(a.probs, b.probs)) < 0.1
+
+
+def test_onnx_runtime_gives_pytorchs_predictions(trained_home, tmp_path):
+    """The service's default runtime: ONNX Runtime runs the exported encoder and returns what
+    PyTorch fp32 does, for every corpus test text and the edge cases, with one pass for both
+    heads. The export is made once and reused until the weights change."""
+    import shutil
+
+    from predictors.corpus import load_corpus
+    from predictors.service import Predictor
+
+    for kind in ("urgency", "length"):
+        shutil.copytree(trained_home / "predictors" / kind, tmp_path / kind, ignore=shutil.ignore_patterns("onnx-*"))
+    dirs = (tmp_path / "urgency", tmp_path / "length")
+    texts = [r["text"] for r in load_corpus("test")] + list(EDGE_TEXTS.values())
+    onnx = Predictor(*dirs, runtime="auto")
+    assert onnx.urgency.runtime == "onnx" and onnx.shared_encoder
+    assert [p.name for p in (tmp_path / "urgency").glob("*.onnx")] == ["onnx-urgency+length.onnx"]
+    assert not list((tmp_path / "length").glob("*.onnx"))  # the length head rides on the urgency pass
+    torch_ = Predictor(*dirs, runtime="torch")
+    for a, b in zip(onnx.predict(texts), torch_.predict(texts)):
+        assert a.level == b.level and a.length_bucket == b.length_bucket
+        assert np.allclose(a.probs, b.probs, atol=1e-4)
+    export = tmp_path / "urgency" / "onnx-urgency+length.onnx"
+    made = export.stat().st_mtime_ns
+    Predictor(*dirs, runtime="onnx")
+    assert export.stat().st_mtime_ns == made  # reused
+    # a retrained model (other weights) is exported again
+    import torch
+
+    clf = Classifier(dirs[0])
+    with torch.no_grad():
+        clf.model.classifier.weight.mul_(1.5)
+    clf.model.save_pretrained(dirs[0])
+    retrained = Predictor(*dirs, runtime="onnx")
+    assert export.stat().st_mtime_ns != made
+    for a, b in zip(retrained.predict(texts[:20]), Predictor(*dirs, runtime="torch").predict(texts[:20])):
+        assert np.allclose(a.probs, b.probs, atol=1e-4)
+
+
+def test_a_bad_onnx_export_is_refused_and_auto_falls_back(trained_home, tmp_path, monkeypatch, caplog):
+    """An export that does not reproduce PyTorch is never used: "onnx" is a clear error and
+    "auto" falls back to PyTorch with a warning."""
+    import shutil
+
+    import predictors.onnx_graph as ox
+    from predictors.onnx_graph import OnnxUnavailable
+
+    shutil.copytree(trained_home / "predictors" / "urgency", tmp_path / "urgency", ignore=shutil.ignore_patterns("onnx-*"))
+    monkeypatch.setattr(ox, "TOLERANCE", -1.0)
+    with pytest.raises(OnnxUnavailable, match="differs from PyTorch"):
+        Classifier(tmp_path / "urgency", runtime="onnx")
+    assert not list((tmp_path / "urgency").glob("*.onnx"))
+    with caplog.at_level("WARNING"):
+        clf = Classifier(tmp_path / "urgency", runtime="auto")
+    assert clf.runtime in ("torch", "torch-bf16") and "ONNX Runtime not used" in caplog.text
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        Classifier(tmp_path / "urgency", runtime="fp16")

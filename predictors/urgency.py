@@ -3,7 +3,9 @@
 1. `predicted_level` = the most probable level.
 2. `escalate_below`: if P(level 1) + P(level 2) >= the threshold and the predicted level is
    3-5, the level is raised to the more probable of 1 and 2 (a missed level 1-2 costs far
-   more than an over-triage; the threshold is chosen on the corpus validation split).
+   more than an over-triage). The threshold is at most the Bayes threshold of the declared
+   cost ratio, 1 / (1 + 5); the corpus validation split may lower it, never raise it
+   (`choose_escalate_below`).
 3. The ESI vital-sign floors of `predictors.vitals` (decision points A, B, D).
 """
 from __future__ import annotations
@@ -56,8 +58,16 @@ def bayes_threshold(cost_ratio: float = UNDER_TRIAGE_COST) -> float:
 def choose_escalate_below(probs: np.ndarray, texts: list[str], gold: list[int], cost_ratio: float = UNDER_TRIAGE_COST,
                           grid: np.ndarray | None = None) -> tuple[float, dict]:
     """Pick the threshold on validation data that minimises
-    cost_ratio * (#gold 1-2 sent to 3-5) + (#gold 3-5 raised to 1-2); ties go to the
-    threshold nearest the Bayes threshold 1 / (1 + cost_ratio)."""
+    cost_ratio * (#gold 1-2 sent to 3-5) + (#gold 3-5 raised to 1-2) among thresholds at or
+    below the Bayes threshold 1 / (1 + cost_ratio); ties go to the one nearest it. The table
+    covers the whole grid.
+
+    Why never above: with calibrated probabilities a threshold above the Bayes one leaves
+    patients at 3-5 whose own P(1-2) says escalating is the cheaper error. Validation may
+    show that the probabilities understate P(1-2) (then a lower threshold), but a confident
+    model is rarely wrong on the corpus it imitates, so a free search there drifts up to
+    where the rule stops acting (0.50 for the 8-epoch model: escalation only where argmax
+    would already say 1-2), which is no safety margin for real requests unlike the corpus."""
     grid = np.round(np.arange(0.02, 0.62, 0.02), 2) if grid is None else grid
     gold_a = np.asarray(gold)
     target = bayes_threshold(cost_ratio)
@@ -70,6 +80,6 @@ def choose_escalate_below(probs: np.ndarray, texts: list[str], gold: list[int], 
         cost = cost_ratio * under + over
         table[float(t)] = {"under": under, "over": over, "cost": cost, "accuracy": float((lv == gold_a).mean())}
         key = (cost, abs(float(t) - target))
-        if best is None or key < best[0]:
+        if t <= target + 1e-9 and (best is None or key < best[0]):
             best = (key, float(t))
     return best[1], table

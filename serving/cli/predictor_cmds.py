@@ -76,7 +76,7 @@ def _train(kind: str, out: Optional[Path], cfg, source: Optional[str], edges: Op
 
 Runtime = Annotated[str, typer.Option(help="where the encoder runs: auto (the service's default: ONNX Runtime, "
                                        "else PyTorch) | onnx | torch | torch-bf16")]
-Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 3; the length head 20)")]
+Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 8; the length head 20)")]
 Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4; the length head 1e-3)")]
 Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]
 Threads = Annotated[Optional[int], typer.Option(help="torch threads (default 2)")]
@@ -106,14 +106,15 @@ def train_length(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Se
 def train_all(if_missing: Annotated[bool, typer.Option("--if-missing", help="skip predictors that are already trained")] = False,
               epochs: Epochs = None, threads: Threads = None, encoder: Encoder = None) -> None:
     """Train both predictors (the setup script calls this with --if-missing). With
-    --if-missing the length head is still retrained when the urgency model was, or when it
-    was not trained on the urgency model's encoder (an older layout)."""
+    --if-missing a predictor is still retrained when an older version of the training code
+    made it (`predictors.train.RECIPE`), and the length head whenever the urgency model was."""
     from predictors.model import META_FILE, ClassifierMeta, default_model_dir
+    from predictors.train import RECIPE
 
     def present(kind: str) -> bool:
         if not (default_model_dir(kind) / META_FILE).exists():
             return False
-        return kind == "urgency" or "encoder_of" in ClassifierMeta.load(default_model_dir(kind)).train_info
+        return ClassifierMeta.load(default_model_dir(kind)).train_info.get("recipe") == RECIPE
 
     trained_urgency = False
     for kind in ("urgency", "length"):

@@ -102,6 +102,16 @@ def test_choose_escalate_below_prefers_fewer_misses():
     assert bayes_threshold(5.0) == pytest.approx(1 / 6)
 
 
+def test_escalate_below_is_never_above_the_bayes_threshold():
+    """Validation where every critical patient is confidently called 1-2 would let a free
+    search pick any threshold; the rule keeps its safety margin anyway."""
+    probs = np.array([[0.1, 0.8, 0.06, 0.02, 0.02]] * 3 + [[0.01, 0.29, 0.66, 0.02, 0.02]] + [[0.01, 0.04, 0.9, 0.03, 0.02]] * 4)
+    t, table = choose_escalate_below(probs, [""] * 8, [2, 2, 2, 3, 3, 3, 3, 3])
+    assert t <= bayes_threshold(5.0)
+    assert table[0.5]["cost"] < table[t]["cost"]  # what an unconstrained search would have preferred
+    assert decide(probs[3], "", t).level == 2  # P(1-2) = 0.30 > 1/6: escalated
+
+
 def test_temperature_scaling_recovers_known_temperature():
     rng = np.random.default_rng(0)
     true_logits = rng.normal(size=(4000, 5)) * 2.0

@@ -180,6 +180,13 @@ class Classifier:
             return m.classifier(torch.relu(m.pre_classifier(hidden[:, 0])))
         return m.classifier(m.base_model.pooler(hidden))
 
+    def head_modules(self) -> list:
+        """The modules `head_logits` runs."""
+        m = self.model
+        if hasattr(m, "pre_classifier"):
+            return [m.pre_classifier, m.classifier]
+        return [m.base_model.pooler, m.classifier]
+
     def all_logits(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
         """Logits of every head in `self.heads` (this classifier's first) from one encoder pass per batch."""
         import torch
@@ -197,13 +204,6 @@ class Classifier:
                     acc.append(lg)
         return [np.concatenate(acc) if acc else np.zeros((0, len(h.meta.labels)), dtype=np.float32)
                 for acc, h in zip(out, self.heads)]
-
-    def head_modules(self) -> list:
-        """The modules `head_logits` runs."""
-        m = self.model
-        if hasattr(m, "pre_classifier"):
-            return [m.pre_classifier, m.classifier]
-        return [m.base_model.pooler, m.classifier]
 
     def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self.all_logits(texts, batch_size)[0]

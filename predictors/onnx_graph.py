@@ -110,20 +110,12 @@ def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int
     outputs = [f"logits_{i}" for i in range(len(heads))]
     example = base.encode(_PROBES[1])
     raw, tmp = path.with_suffix(".raw.tmp"), path.with_suffix(".tmp")
-    attn = base.model.config._attn_implementation
     try:
-        # plain (eager) attention traces to the pattern ONNX Runtime fuses into its Attention op
-        base.model.set_attn_implementation("eager")
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")  # the tracer's warnings are about the shapes made dynamic here
-            torch.onnx.export(Graph().eval(), tuple(example[k] for k in names), str(raw), input_names=list(names),
-                              output_names=outputs, opset_version=17, dynamo=False,
-                              dynamic_axes={**{k: {0: "batch", 1: "tokens"} for k in names}, **{o: {0: "batch"} for o in outputs}})
+        _trace(Graph(), base, tuple(example[k] for k in names), raw, names, outputs)
         cfg = base.model.config
         optimize_model(str(raw), model_type="bert", num_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size).save_model_to_file(str(tmp))
         graph = OnnxGraph(tmp, threads, names)
         diff = 0.0
-        base.model.set_attn_implementation(attn)
         with torch.inference_mode():
             for texts in _PROBES:
                 enc = base.encode(texts)
@@ -134,7 +126,22 @@ def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int
             raise OnnxUnavailable(f"the ONNX export differs from PyTorch by {diff:.3g} (> {TOLERANCE})")
         os.replace(tmp, path)
     finally:
-        base.model.set_attn_implementation(attn)
         raw.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
     return diff
+
+
+def _trace(graph, base, args: tuple, out: Path, names: tuple[str, ...], outputs: list[str]) -> None:
+    """Export `graph` with plain (eager) attention, the pattern ONNX Runtime fuses into its
+    Attention op; `base` keeps its own attention implementation afterwards."""
+    import torch
+
+    attn = base.model.config._attn_implementation
+    base.model.set_attn_implementation("eager")
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")  # the tracer's warnings are about the shapes made dynamic here
+            torch.onnx.export(graph.eval(), args, str(out), input_names=list(names), output_names=outputs, opset_version=17,
+                              dynamo=False, dynamic_axes={**{k: {0: "batch", 1: "tokens"} for k in names}, **{o: {0: "batch"} for o in outputs}})
+    finally:
+        base.model.set_attn_implementation(attn)

@@ -74,8 +74,16 @@ def _train(kind: str, out: Optional[Path], cfg, source: Optional[str], edges: Op
     return summary
 
 
-Runtime = Annotated[str, typer.Option(help="where the encoder runs: auto (the service's default: ONNX Runtime, "
-                                       "else PyTorch) | onnx | torch | torch-bf16")]
+def _runtime(value: str) -> str:
+    from predictors.model import RUNTIMES  # light: torch is imported inside its functions
+
+    if value not in RUNTIMES:
+        raise typer.BadParameter(f"must be one of {', '.join(RUNTIMES)}")
+    return value
+
+
+Runtime = Annotated[str, typer.Option(callback=_runtime, help="where the encoder runs: auto (the service's default: "
+                                      "ONNX Runtime, else PyTorch) | onnx | torch | torch-bf16")]
 Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 8; the length head 20)")]
 Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4; the length head 1e-3)")]
 Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]

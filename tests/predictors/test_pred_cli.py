@@ -38,6 +38,12 @@ def test_classify_needs_exactly_one_input(home_env):
     assert runner.invoke(app, ["classify"]).exit_code != 0
 
 
+@pytest.mark.parametrize("command", [["classify", "chest pain"], ["evaluate", "urgency"], ["bench", "classify"]])
+def test_an_unknown_runtime_is_a_clear_error(home_env, command):
+    r = runner.invoke(app, [*command, "--runtime", "fp16"])
+    assert r.exit_code == 2 and "must be one of auto, onnx, torch, torch-bf16" in r.output
+
+
 def test_classify_without_models_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIAGE_HOME", str(tmp_path))
     r = runner.invoke(app, ["classify", "x"])

@@ -2,7 +2,10 @@
 
     submit(job)            # the arrival buffer takes it at once (seed 004 Alg. 1)
     dispatcher task:       # drains arrivals into the dual heap, sheds past the bound,
-                           # hands the most urgent waiting jobs to the backend while it has seats
+                           # hands the most urgent waiting jobs to the backend while it
+                           # holds fewer than `max_inflight` (default 512: every call the
+                           # engine can hold, so the engine's scheduler is the one place
+                           # that orders and preempts; the heap holds only the overflow)
     relabel / set_classes: # re-key the heap now; forward to the backend (its next step)
 
 The dual heap's min side orders by (effective level, predicted output length, arrival);

@@ -61,7 +61,11 @@ class Settings(BaseSettings):
 
     # admission
     max_queue: int = Field(1024, gt=0)          # waiting requests in the front-end queue
-    max_inflight: int = Field(16, gt=0)         # requests handed to the backend at once
+    # requests the engine holds at once (running + its own waiting queue). Its scheduler
+    # orders and preempts among all of them; the front-end heap holds only the overflow.
+    # A bound below the engine's seats would keep urgent calls from the engine that could
+    # preempt for them (docs/preemption.md).
+    max_inflight: int = Field(512, gt=0)
     default_max_tokens: int = Field(256, gt=0)
     retry_after_s: int = Field(2, gt=0)
     max_body_bytes: int = Field(1_000_000, gt=0)

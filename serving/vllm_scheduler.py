@@ -29,6 +29,7 @@ Private vLLM members this relies on (pinned to vLLM 0.32.0; checked by
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -109,6 +110,7 @@ class TriageSettings:
     kv_offload: bool | None = None     # False: recompute even when a KV offloading connector is configured
     record_steps: int = 0              # keep the last N steps' (plan, scheduled) for tests
     learn: bool = True                 # online estimator correction from measured step times
+    step_log: str | None = None        # JSONL file: per step, what ran and what was preempted, and why
 
     @classmethod
     def from_vllm_config(cls, vllm_config) -> "TriageSettings":
@@ -186,6 +188,8 @@ class TriageScheduler(Scheduler):
         self._control: deque[tuple[str, Any]] = deque()
         self._plan_tokens: dict[str, int] | None = None
         self._external: dict[str, str] = {}     # client's request id -> vLLM's internal id
+        self._client_id: dict[str, str] = {}    # and back (the step log speaks the client's ids)
+        self._step_log = open(s.step_log, "a", buffering=1, encoding="utf-8") if s.step_log else None
         self._seq = 0
         self._pending_works: list[Work] | None = None
         self._t_sched_end = 0.0
@@ -234,6 +238,7 @@ class TriageScheduler(Scheduler):
         ext = xa.get("id")
         if ext:
             self._external[str(ext)] = request.request_id
+            self._client_id[request.request_id] = str(ext)
 
     def finish_requests(self, request_ids, finished_status: RequestStatus):
         done = super().finish_requests(request_ids, finished_status)
@@ -245,6 +250,9 @@ class TriageScheduler(Scheduler):
         if rid in self.tstate.requests:
             self.tstate.remove(rid)
         self._recompute_only.discard(rid)
+        ext = self._client_id.pop(rid, None)
+        if ext is not None:
+            self._external.pop(ext, None)
 
     # ------------------------------------------------------------------ control channel
     def triage_control(self, op: str, payload: Any = None) -> Any:
@@ -398,9 +406,31 @@ class TriageScheduler(Scheduler):
         if self.step_log.maxlen:
             self.step_log.append(StepRecord(self.tstats.steps, dict(plan.tokens), dict(scheduled), ours,
                                             preempted, repaired))
+        if self._step_log is not None:
+            self._write_step(now, plan, scheduled, preempted)
         if self.kv_cache_manager.block_pool.get_num_free_blocks() != st.kv.free_blocks and \
                 not self.cache_config.enable_prefix_caching:
             self.tstats.kv_mismatches += 1
+
+    def _write_step(self, now: float, plan: BatchPlan, scheduled: dict, preempted: list[str]) -> None:
+        """One JSON line per step (setting `step_log`): what ran (client id, level, tokens,
+        prefill or decode), what was preempted, why and for whom. No prompt text."""
+        st, cid = self.tstate, lambda rid: self._client_id.get(rid, rid)  # noqa: E731
+        level = lambda rid: st.requests[rid].level if rid in st.requests else None  # noqa: E731
+        why = {p.request_id: p for p in plan.preemptions}
+        ran = [[cid(rid), level(rid), k, "decode" if k == 1 and st.requests.get(rid) is not None
+                and st.requests[rid].generated > 0 else "prefill"] for rid, k in scheduled.items()]
+        pre = []
+        for rid in preempted:
+            p = why.get(rid)
+            pre.append({"id": cid(rid), "level": level(rid), "reason": p.reason if p else "vllm",
+                        "for": cid(p.for_request) if p and p.for_request else None,
+                        "for_level": level(p.for_request) if p and p.for_request else None,
+                        "mode": p.mode if p else "recompute"})
+        rec = {"step": self.tstats.steps, "t": round(now, 4), "budget_s": plan.budget_s,
+               "predicted_s": round(plan.predicted_s, 4), "stop": plan.stop, "running": len(self.running),
+               "waiting": len(self.waiting), "ran": ran, "preempted": pre}
+        self._step_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)

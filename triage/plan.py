@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 class Preemption:
     request_id: str
     keep_tokens: int = 0
+    reason: str = ""                 # why: "seat" (max_num_seqs) or "kv" (blocks) for ...
+    for_request: str | None = None   # ... this request (None: the victim itself ran out)
 
     @property
     def mode(self) -> str:

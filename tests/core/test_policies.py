@@ -160,3 +160,74 @@ def test_relabel_moves_a_waiting_request_ahead_at_the_next_step():
     st.relabel("second", 1)
     assert list(plan("triage", st).tokens) == ["second"]
     assert st.requests["second"].level == 1 and st.requests["second"].predicted_level == 4
+
+
+LIVE = dict(order="level", evict_for="level")
+
+
+def test_level_order_any_more_urgent_arrival_preempts_at_the_seat_limit():
+    """Every seat held by less urgent work: a level-2 arrival displaces the least urgent
+    running request (level 5 before level 4), and runs this step."""
+    st = make_state(max_seqs=2)
+    make_running(st, level=4, rid="a")
+    make_running(st, level=5, rid="b", arrival=0.1)
+    make_request(st, level=2, prompt=50, arrival=0.9, rid="two")
+    p = plan("triage", st, **LIVE)
+    assert [x.request_id for x in p.preemptions] == ["b"]
+    assert "two" in p.tokens and p.tokens["a"] == 1
+
+
+def test_level_order_never_preempts_for_an_equal_or_less_urgent_arrival():
+    st = make_state(max_seqs=2)
+    make_running(st, level=3, rid="a")
+    make_running(st, level=3, rid="b", arrival=0.1)
+    make_request(st, level=3, prompt=50, arrival=0.9, rid="same")
+    make_request(st, level=5, prompt=50, arrival=0.9, rid="less")
+    p = plan("triage", st, **LIVE)
+    assert not p.preemptions and set(p.tokens) == {"a", "b"}
+
+
+def test_level_order_bounds_preemptions_per_request():
+    """A request already preempted max_preemptions times keeps its seat; the urgent
+    arrival waits for another victim instead of evicting it a third time."""
+    st = make_state(max_seqs=1)
+    r = make_running(st, level=5, rid="victim")
+    r.preemptions = 2
+    make_request(st, level=1, prompt=50, arrival=0.9, rid="crit")
+    p = plan("triage", st, max_preemptions=2, **LIVE)
+    assert not p.preemptions and "crit" not in p.tokens
+    r.preemptions = 1
+    p = plan("triage", st, max_preemptions=2, **LIVE)
+    assert [x.request_id for x in p.preemptions] == ["victim"] and "crit" in p.tokens
+
+
+def test_level_order_resumes_a_preempted_request_first_within_its_level():
+    st = make_state(max_seqs=4, max_tokens=60)
+    make_request(st, level=3, prompt=50, arrival=0.0, rid="new")
+    old = make_running(st, level=3, prompt=50, arrival=0.5, rid="old")
+    st.preempt("old", 0)
+    assert old.preemptions == 1
+    p = plan("triage", st, **LIVE)
+    assert list(p.tokens)[0] == "old"
+
+
+def test_level_order_runs_every_decode_and_caps_the_step():
+    """Decodes first (they keep the seats productive), then prefill by level within
+    max_step_s; the cap never drops a running decode."""
+    st = make_state()
+    for i in range(4):
+        make_running(st, level=5, rid=f"d{i}", arrival=0.01 * i)
+    make_request(st, level=4, prompt=5000, arrival=0.0, rid="long4")
+    make_request(st, level=2, prompt=5000, arrival=0.5, rid="long2")
+    p = plan("triage", st, now=1.0, eta=5.0, max_step_s=0.1, **LIVE)
+    assert all(p.tokens[f"d{i}"] == 1 for i in range(4))
+    assert "long2" in p.tokens and "long4" not in p.tokens
+    assert p.predicted_s <= 0.1 + 1e-9
+    tight = plan("triage", st, now=1.0, eta=5.0, max_step_s=0.001, **LIVE)
+    assert all(tight.tokens.get(f"d{i}") == 1 for i in range(4)), "the cap never drops a running decode"
+
+
+@pytest.mark.parametrize("kw", [dict(order="x"), dict(max_step_s=0), dict(max_preemptions=-1), dict(evict_for="x")])
+def test_triage_refuses_bad_parameters(kw):
+    with pytest.raises(ValueError):
+        make_policy("triage", **kw)

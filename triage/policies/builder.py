@@ -130,14 +130,14 @@ class BatchBuilder:
         held = self._held.get(r.id, 0)
         return max(0, -(-(r.computed + want) // self.bs) - held - self.free_blocks)
 
-    def preempt(self, victim: Request, keep_tokens: int = 0) -> None:
+    def preempt(self, victim: Request, keep_tokens: int = 0, reason: str = "", for_request: str | None = None) -> None:
         """Free a running victim's blocks for this step (it gets no tokens)."""
         if victim.id in self.tokens:
             raise ValueError(f"{victim.id} is already in the batch")
         self.free_blocks += self.view.kv.blocks_of(victim.id)
         self.seats_left += 1
         self._preempted.add(victim.id)
-        self.preemptions.append(Preemption(victim.id, keep_tokens))
+        self.preemptions.append(Preemption(victim.id, keep_tokens, reason, for_request))
 
     def is_preempted(self, r: Request) -> bool:
         return r.id in self._preempted
@@ -167,14 +167,15 @@ class BatchBuilder:
             if not victims:
                 return False
             v = victims[-1]
+            reason = "seat" if waiting and self.seats_left <= 0 else "kv"
             if v is r:
                 victims.pop()
-                self.preempt(r, keep(r) if keep else 0)
+                self.preempt(r, keep(r) if keep else 0, reason)
                 return False
             if outranks is not None and not outranks(r, v):
                 return False
             victims.pop()
-            self.preempt(v, keep(v) if keep else 0)
+            self.preempt(v, keep(v) if keep else 0, reason, r.id)
         return True
 
     def build(self) -> BatchPlan:

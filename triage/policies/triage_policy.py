@@ -22,6 +22,20 @@ recomputed by Eq. 3 / Eq. 5. Evicting only for protected requests is the default
 the a5000 profile it gave TDG 0.960 vs 0.951 at rate scale 0.14 (Azure conv, 1,000
 requests), and on a recompute-only CPU engine every eviction of a long prompt costs
 seconds of recomputation.
+
+`order="level"` (the live engine's mode, set by the vllm-cpu profile; see
+docs/preemption.md): strict urgency with decode-first batching:
+    1. eviction pass (seed 004 Alg. 4, at the seat limit as well as the KV limit): each
+       waiting request, most urgent first, whose first chunk fits this step's time but
+       lacks a seat or blocks preempts the most evictable running request of a strictly
+       less urgent level (least urgent, longest remaining, latest arrival), never one
+       already preempted `max_preemptions` times (nothing starves in a loop);
+    2. batch: protected requests; every running decode (cheap, keeps the seats
+       productive); then the rest by level, a preempted request first within its level,
+       then remain.
+Both modes: `max_step_s` caps a step (never below the time of the running decodes), so a
+newly arrived urgent request waits at most one short step for the engine (the step
+boundary is our preemption point; FlowPrefill's is an operator, seed 003 §4).
 """
 from __future__ import annotations
 
@@ -29,7 +43,7 @@ import numpy as np
 
 from triage.plan import BatchPlan
 from triage.policies.base import SchedulerView, register
-from triage.policies.builder import WAITING_STAGES, BatchBuilder, keep_tokens_for
+from triage.policies.builder import TIME_SLACK, WAITING_STAGES, BatchBuilder, keep_tokens_for
 from triage.policies.slidebatching import QueueMetrics, SlideBatching, ensure_progress
 
 
@@ -37,7 +51,8 @@ from triage.policies.slidebatching import QueueMetrics, SlideBatching, ensure_pr
 class Triage(SlideBatching):
     def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1, protect_level: int = 1,
                  stage_aware: bool = True, evict: bool = True, smooth: bool = True,
-                 evict_for: str = "protected", safety: float = 1.0) -> None:
+                 evict_for: str = "protected", safety: float = 1.0, order: str = "slide",
+                 max_step_s: float | None = None, max_preemptions: int = 2) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
         if safety < 1.0:
             raise ValueError("safety must be >= 1 (the factor a real step may exceed its prediction by)")
@@ -46,9 +61,18 @@ class Triage(SlideBatching):
         self.stage_aware = stage_aware
         self.evict = evict
         self.smooth = smooth
-        if evict_for not in ("urgent", "protected"):
-            raise ValueError("evict_for must be 'urgent' or 'protected'")
-        self.evict_for = evict_for  # which waiting requests may evict: protected+URGENT, or protected only
+        if evict_for not in ("urgent", "protected", "level"):
+            raise ValueError("evict_for must be 'urgent', 'protected' or 'level'")
+        self.evict_for = evict_for  # which waiting requests may evict: protected+URGENT, protected only, any
+        if order not in ("slide", "level"):
+            raise ValueError("order must be 'slide' (SlideBatching's URGENT/NORMAL) or 'level'")
+        self.order = order
+        if max_step_s is not None and max_step_s <= 0:
+            raise ValueError("max_step_s must be positive")
+        self.max_step_s = max_step_s
+        if max_preemptions < 0:
+            raise ValueError("max_preemptions must be >= 0")
+        self.max_preemptions = max_preemptions
 
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         q = QueueMetrics(view, now, smooth=self.smooth)
@@ -63,6 +87,11 @@ class Triage(SlideBatching):
             floor = q.t_c + float(q.exec[: q.n_run][decodes].sum())
             cap = float(q.remain[: q.n_run][decoding].min()) / self.safety
             t_budget = min(t_budget, max(cap, floor))
+        if self.max_step_s is not None:
+            floor = q.t_c + float(q.exec[: q.n_run][decodes].sum()) + 2 * TIME_SLACK
+            t_budget = min(t_budget, max(self.max_step_s, floor))
+        if self.order == "level":
+            return self._plan_by_level(view, q, protected, t_budget)
         urgent = (q.remain < self.gamma * q.phi(self.phi, t_budget)) & ~protected
         group = np.where(protected, 0, np.where(urgent, 1, 2))
         n_run = q.n_run
@@ -113,10 +142,72 @@ class Triage(SlideBatching):
         ensure_progress(b, q, order, t_budget)
         return b.build()
 
-    @staticmethod
-    def _eviction_order(view: SchedulerView, q: QueueMetrics) -> list:
+    def _eviction_order(self, view: SchedulerView, q: QueueMetrics) -> list:
         """Running requests, most evictable last: seed 004's eviction max-heap order
-        (highest level, then longest remaining time, then latest arrival)."""
+        (highest level, then longest remaining time, then latest arrival). With
+        order="level", requests preempted `max_preemptions` times are not evictable."""
         n = q.n_run
         order = np.lexsort((q.seq[:n], q.remaining_times(view.estimator), q.level[:n]))
-        return [q.reqs[i] for i in order.tolist()]
+        out = [q.reqs[i] for i in order.tolist()]
+        if self.order == "level":
+            out = [r for r in out if r.preemptions < self.max_preemptions]
+        return out
+
+    def _plan_by_level(self, view: SchedulerView, q: QueueMetrics, protected: np.ndarray,
+                       t_budget: float) -> BatchPlan:
+        """order="level": the eviction pass, then protected / running decodes / the rest
+        by (level, preempted first, remain). See the module docstring."""
+        n_run, n = q.n_run, len(q)
+        reqs = q.reqs
+        decode = (np.arange(n) < n_run) & (q.need == 1)
+        resumed = np.zeros(n, dtype=bool)
+        resumed[n_run:] = [r.preemptions > 0 for r in reqs[n_run:]]
+        group = np.where(protected, 0, np.where(decode, 1, 2))
+        order = np.lexsort((q.seq, q.remain, ~resumed, q.level, group))
+        b = BatchBuilder(view, time_budget=t_budget)
+        if self.evict and n > n_run:
+            self._evict_for_waiting(view, q, b, order.tolist(), t_budget - q.t_c - float(q.exec[decode].sum()))
+        for i in order.tolist():
+            if b.full:
+                break
+            r = reqs[i]
+            if b.is_preempted(r):
+                continue
+            if i < n_run or (b.blocks_short(r) == 0 and b.seats_left > 0):
+                b.add(r)
+        ensure_progress(b, q, order, t_budget)
+        return b.build()
+
+    def _evict_for_waiting(self, view: SchedulerView, q: QueueMetrics, b: BatchBuilder, order: list,
+                           prefill_time: float) -> None:
+        """Seat and KV eviction for the waiting requests that will run this step: in batch
+        order, while their first chunks fit the step's prefill time, each one lacking a
+        seat or blocks preempts strictly less urgent running requests (only protected
+        requests may, unless evict_for="level")."""
+        victims: list | None = None
+        keep = lambda v: keep_tokens_for(view, v)  # noqa: E731
+        less_urgent = lambda r, v: v.level > r.level  # noqa: E731
+        est, tokens_left = view.estimator, b.tokens_left
+        held_seats = held_blocks = 0
+        for i in order:
+            if i < q.n_run:
+                continue
+            r = q.reqs[i]
+            if self.evict_for != "level" and r.level > self.protect_level:
+                break
+            chunk = min(r.need, tokens_left)
+            prefill_time -= est.request_time(chunk, r.computed)
+            if chunk <= 0 or (prefill_time < 0 and held_seats):
+                break  # it would get no tokens this step: evicting for it now wastes work
+            tokens_left -= chunk
+            if b.seats_left <= 0 or b.blocks_short(r) > 0:
+                victims = victims if victims is not None else self._eviction_order(view, q)
+                if not b.make_room(r, victims, outranks=less_urgent, keep=keep):
+                    break  # nothing less urgent left to evict, and later requests are no more urgent
+            need = -(-r.known // b.bs)
+            b.seats_left -= 1
+            b.free_blocks -= need
+            held_seats += 1
+            held_blocks += need
+        b.seats_left += held_seats  # the batch pass hands these seats out in the same order
+        b.free_blocks += held_blocks

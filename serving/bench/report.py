@@ -1,0 +1,100 @@
+"""Per-system figures of an HTTP benchmark, always by *gold* level.
+
+SLO attainment uses the papers' definition (seed 000 / 002): TTFT within the class's
+TTFT SLO and the request's *mean* TPOT within its TPOT SLO; the largest gap between two
+tokens is reported beside it. TDG is seed 000's envelope gain (triage.gain).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from serving.bench.loadgen import Result
+from triage.classes import PriorityClasses
+from triage.gain import request_gain
+from triage.request import Request
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(1000.0 * x, 1)
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def _tpot_mean(r: Result) -> float | None:
+    t = r.token_times()
+    return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+
+
+def _max_gap(r: Result) -> float | None:
+    t = r.token_times()
+    return max(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else None
+
+
+def slo_ok(r: Result, classes: PriorityClasses) -> bool:
+    c = classes.get(r.call.gold)
+    tp = _tpot_mean(r)
+    return r.ok and r.ttft < c.ttft and (tp is None or tp < c.tpot)
+
+
+def group(results: list[Result], classes: PriorityClasses) -> dict:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft for r in ok]
+    tpot = [x for x in map(_tpot_mean, ok) if x is not None]
+    gaps = [x for x in map(_max_gap, ok) if x is not None]
+    return {"n": len(results), "completed": len(ok),
+            "slo_attainment": round(sum(slo_ok(r, classes) for r in results) / len(results), 4) if results else None,
+            "ttft_p50_ms": _ms(_pct(ttft, 50)), "ttft_p99_ms": _ms(_pct(ttft, 99)), "ttft_max_ms": _ms(max(ttft, default=None)),
+            "tpot_mean_ms": _ms(float(np.mean(tpot)) if tpot else None),
+            "max_gap_p99_ms": _ms(_pct(gaps, 99))}
+
+
+def tdg_ratio(results: list[Result], classes: PriorityClasses) -> float:
+    gain = ideal = 0.0
+    for r in results:
+        c = classes.get(r.call.gold)
+        q = Request(id=str(r.call.idx), arrival=r.sent, prompt_len=1, predicted_level=r.call.gold, ttft_slo=c.ttft,
+                    tpot_slo=c.tpot, output_len=r.call.max_tokens if r.call.ignore_eos else max(1, r.tokens))
+        q.token_times = r.token_times() if r.ok else []
+        g = request_gain(q, classes)
+        gain, ideal = gain + g.gain, ideal + g.ideal
+    return round(gain / ideal, 4) if ideal else 0.0
+
+
+def classifier_figures(results: list[Result]) -> dict:
+    """How the levels the system served at compare with gold (dispatch texts and chat)."""
+    d = [r for r in results if r.level is not None and r.call.kind == "dispatch"]
+    chat = [r for r in results if r.level is not None and r.call.kind == "chat"]
+    crit = [r for r in d if r.call.gold <= 2]
+    out = {"dispatch_n": len(d)}
+    if d:
+        out["accuracy"] = round(sum(r.level == r.call.gold for r in d) / len(d), 4)
+    if crit:
+        out["under_triage_1_2"] = round(sum(r.level > 2 for r in crit) / len(crit), 4)
+    if chat:
+        out["chat_n"] = len(chat)
+        out["chat_at_level_1_2"] = round(sum(r.level <= 2 for r in chat) / len(chat), 4)
+    return out
+
+
+def summarize(results: list[Result], walls: list[float], classes: PriorityClasses) -> dict:
+    ok = [r for r in results if r.ok]
+    wall = float(sum(walls)) or float("nan")
+    levels = sorted({r.call.gold for r in results})
+    caught = [r for r in results if r.call.gold == 1 and r.level == 1]
+    cg = group(caught, classes)
+    out = {
+        "completed": len(ok), "errors": len(results) - len(ok),
+        "error_examples": sorted({r.error for r in results if r.error})[:3],
+        "wall_s": round(wall / max(1, len(walls)), 2), "reps": len(walls),
+        "tokens_per_s": round(sum(r.tokens for r in ok) / wall, 1) if ok else 0.0,
+        "goodput_rps": round(sum(slo_ok(r, classes) for r in results) / wall, 3),
+        "tdg_ratio": tdg_ratio(results, classes),
+        "per_level": {str(lv): group([r for r in results if r.call.gold == lv], classes) for lv in levels},
+        "chat": group([r for r in results if r.call.kind == "chat"], classes),
+        "esi1_caught": {"n": cg["n"], "ttft_p50_ms": cg["ttft_p50_ms"], "ttft_p99_ms": cg["ttft_p99_ms"],
+                        "ttft_max_ms": cg["ttft_max_ms"]},
+        "classifier": classifier_figures(results),
+    }
+    return out

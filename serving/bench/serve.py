@@ -1,0 +1,90 @@
+"""`triage bench serve`: the same calls, over HTTP, to our service and to stock vLLM.
+
+    scenario "burst": N calls within S seconds (a mass-casualty spike): dispatch texts
+        from a labelled pool and ordinary chat prompts, seeded order and offsets,
+        temperature 0, `max_tokens` fixed; R repetitions per system.
+    scenario "trace": a trace's arrival times (scaled by rate_scale) with dispatch texts,
+        the trace's output lengths as `max_tokens` with `ignore_eos`.
+
+Systems take turns on the same machine, the same model, engine sizes and port; each is
+started, measured on an idle call (the first-token floor), loaded, and stopped.
+`vllm-priority` gets each call's `priority` from *our* classifier (computed once here):
+the strongest thing a user could assemble from stock vLLM and our predictor.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
+from serving.bench.report import summarize
+from serving.bench.systems import MODEL_NAME, EngineSizes, start_system
+from serving.bench.texts import Text, classify, load_chat
+
+IDLE_TEXT = "My father collapsed and is not breathing."
+
+
+def burst_calls(pool: list[Text], chat: list[Text], n: int, spread: float, *, seed: int = 0,
+                chat_share: float = 40 / 98, max_tokens: int = 64) -> list[Call]:
+    rng = np.random.default_rng(seed)
+    n_chat = int(round(n * chat_share)) if chat else 0
+    picks = [pool[i] for i in rng.choice(len(pool), n - n_chat, replace=n - n_chat > len(pool))]
+    picks += [chat[i % len(chat)] for i in rng.permutation(max(n_chat, 1))[:n_chat]] if chat else []
+    order = rng.permutation(n)
+    at = np.sort(rng.uniform(0.0, spread, n)) if spread > 0 else np.zeros(n)
+    return [Call(k, picks[i].text, picks[i].gold, picks[i].kind, float(at[k]), max_tokens)
+            for k, i in enumerate(order.tolist())]
+
+
+def trace_calls(trace: str, pool: list[Text], n: int, rate_scale: float, *, seed: int = 0,
+                max_tokens_cap: int = 256) -> list[Call]:
+    from triage.sim.traces import load_trace
+
+    reqs = load_trace(trace, limit=n, rate_scale=rate_scale, seed=seed)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(pool), len(reqs), replace=len(reqs) > len(pool))
+    return [Call(k, pool[i].text, pool[i].gold, pool[i].kind, float(t.arrival),
+                 max(1, min(int(t.output_len), max_tokens_cap)), ignore_eos=True)
+            for k, (t, i) in enumerate(zip(reqs, picks.tolist()))]
+
+
+def with_predictions(calls: list[Call]) -> list[Call]:
+    texts = sorted({c.text for c in calls})
+    level = dict(zip(texts, classify(texts)))
+    return [Call(**{**asdict(c), "predicted": level[c.text]}) for c in calls]
+
+
+def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
+               on_done: Callable[[Result], None] | None = None,
+               triage_env: dict | None = None) -> tuple[dict, list[Result]]:
+    results: list[Result] = []
+    walls: list[float] = []
+    with start_system(name, sizes, port=port, workdir=workdir / name, model=model, triage_env=triage_env) as srv:
+        floor = asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT))
+        for _ in range(reps):
+            res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=(name == "vllm-priority"),
+                                        on_done=on_done))
+            sent = [r.sent for r in res if r.sent]
+            ends = [r.end for r in res if r.end is not None]
+            walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
+            results.extend(res)
+    out = summarize(results, walls, _classes())
+    out["idle_ttft_ms"] = round(1000 * floor, 1)
+    return out, results
+
+
+def _classes():
+    from triage.classes import load_classes
+    from triage.profiles import load_profile
+
+    return load_classes().scaled(load_profile("vllm-cpu-smollm2").slo_scale)
+
+
+def slo_scale() -> float:
+    from triage.profiles import load_profile
+
+    return load_profile("vllm-cpu-smollm2").slo_scale

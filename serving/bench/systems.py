@@ -1,0 +1,163 @@
+"""The servers a benchmark compares, started one at a time with the same model, engine
+sizes and port layout, and always stopped (process group, SIGTERM then SIGKILL).
+
+    with start_system("triage", engine, port=8100, workdir=tmp) as srv:   # our service
+        srv.url, srv.key
+    with start_system("vllm-priority", engine, port=8100, workdir=tmp):   # stock vLLM
+        ...
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority")
+MODEL_NAME = "smollm2-135m-instruct"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    """What every system runs with (the issue's burst setup: 32 seats, 2,048 batched tokens)."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    kv_cache_gib: float = 1.0
+    block_size: int = 32
+    dtype: str = "float32"
+    seed: int = 0
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    key: str | None
+    proc: subprocess.Popen
+    log: Path
+    extra: dict = field(default_factory=dict)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _engine_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    from serving.engine import cpu_only
+
+    if cpu_only():
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        ncpu = os.cpu_count() or 1
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
+    return env
+
+
+def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
+            triage_env: dict | None = None) -> tuple[list[str], dict]:
+    env = _engine_env()
+    if name == "triage":
+        env.update({"TRIAGE_PORT": str(port), "TRIAGE_DB_URL": f"sqlite:///{workdir / 'audit.db'}",
+                    "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
+                    "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),
+                    "TRIAGE_MAX_MODEL_LEN": str(sizes.max_model_len), "TRIAGE_KV_CACHE_GIB": str(sizes.kv_cache_gib),
+                    "TRIAGE_MODEL": model, **(triage_env or {})})
+        return [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"], env
+    if name in ("vllm-fcfs", "vllm-priority"):
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+                "--max-model-len", str(sizes.max_model_len), "--max-num-seqs", str(sizes.max_num_seqs),
+                "--max-num-batched-tokens", str(sizes.max_num_batched_tokens), "--dtype", sizes.dtype,
+                "--block-size", str(sizes.block_size), "--no-enable-prefix-caching", "--seed", str(sizes.seed),
+                "--scheduling-policy", name.split("-", 1)[1], "--disable-uvicorn-access-log"], env
+    raise BenchError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)}")
+
+
+KEY_LINE = re.compile(r"^\s+client\s+(\S+)\s*$", re.M)
+
+
+@contextlib.contextmanager
+def start_system(name: str, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
+                 timeout_s: float = 600.0, triage_env: dict | None = None):
+    """Start `name`, wait until it answers a chat completion, yield a `Server`, stop it."""
+    if not port_free(port):
+        raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd, env = command(name, sizes, port, workdir, model, triage_env)
+    log = workdir / f"{name}.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                cwd=str(Path(__file__).resolve().parents[2]))
+    srv = Server(name, f"http://127.0.0.1:{port}", None, proc, log)
+    try:
+        _wait_ready(srv, timeout_s)
+        yield srv
+    finally:
+        stop(srv)
+
+
+def _wait_ready(srv: Server, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if srv.proc.poll() is not None:
+            raise BenchError(f"{srv.name} exited with code {srv.proc.returncode} while starting; "
+                             f"its log ({srv.log}) ends:\n{srv.log_tail()}")
+        if srv.name == "triage" and srv.key is None:
+            m = KEY_LINE.search(srv.log.read_text(errors="replace"))
+            if m:
+                srv.key = m.group(1)
+        if srv.name != "triage" or srv.key:
+            try:
+                r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
+                               headers={"Authorization": f"Bearer {srv.key or 'none'}"},
+                               json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hello"}],
+                                     "max_tokens": 2, "temperature": 0})
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(1.0)
+    raise BenchError(f"{srv.name} did not become ready within {timeout_s:.0f} s; its log ({srv.log}) ends:\n"
+                     f"{srv.log_tail()}")
+
+
+def stop(srv: Server, grace_s: float = 30.0) -> None:
+    p = srv.proc
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    except ProcessLookupError:
+        pass

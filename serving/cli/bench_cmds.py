@@ -1,0 +1,136 @@
+"""`triage bench serve`: the HTTP benchmark, our service beside stock vLLM."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import bench_app
+
+
+@bench_app.command("serve")
+def bench_serve(
+    scenario: Annotated[str, typer.Option(help="burst (N calls within --spread s) or trace (a trace's arrivals)")] = "trace",
+    requests: Annotated[int, typer.Option(help="calls per repetition")] = 300,
+    spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
+    reps: Annotated[int, typer.Option(help="repetitions per system")] = 1,
+    texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
+    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    rate_scale: Annotated[str, typer.Option(help="trace scenario: arrival-rate multiplier, or auto")] = "auto",
+    systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority")] = "triage,vllm-fcfs,vllm-priority",
+    max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call (temperature 0)")] = 64,
+    max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 256,
+    port: Annotated[int, typer.Option(help="the port every system is started on, in turn")] = 8100,
+    seed: int = 0,
+    workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
+) -> None:
+    """Start each system in turn (same model, engine sizes, port), replay the same calls
+    over HTTP with streaming, and report first-token and token latency per gold level."""
+    from serving.bench.serve import burst_calls, run_system, slo_scale, trace_calls, with_predictions
+    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes
+    from serving.bench.texts import PoolError, load_chat, load_pool
+    from serving.cli.progress import progress_bar
+    from serving.model_prep import default_model_dir
+
+    names = [s.strip() for s in systems.split(",") if s.strip()]
+    bad = [s for s in names if s not in SYSTEMS]
+    if bad or not names:
+        raise typer.BadParameter(f"unknown system(s) {bad}; systems are {', '.join(SYSTEMS)}", param_hint="--systems")
+    if scenario not in ("burst", "trace"):
+        raise typer.BadParameter("scenario must be burst or trace", param_hint="--scenario")
+    if requests < 1 or reps < 1 or spread < 0:
+        raise typer.BadParameter("--requests and --reps must be >= 1, --spread >= 0")
+    model = default_model_dir()
+    if not (model / "config.json").exists():
+        typer.echo("error: the served model is not prepared: run `triage models prepare`", err=True)
+        raise typer.Exit(2)
+    try:
+        pool = load_pool(texts)
+        if scenario == "burst":
+            calls = burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens)
+            scale = None
+        else:
+            if not trace.exists():
+                raise PoolError(f"trace {trace} not found")
+            scale = _rate_scale(rate_scale, trace, requests, seed)
+            calls = trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap)
+    except (PoolError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    calls = with_predictions(calls)
+    out = {"scenario": scenario, "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
+           "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(), "texts": texts,
+           "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
+    raw: dict = {}
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-bench-"))
+    try:
+        for name in names:
+            with progress_bar(f"{name}", len(calls) * reps) as advance:
+                done = [0]
+
+                def tick(_r, done=done, advance=advance):
+                    done[0] += 1
+                    advance(done[0])
+
+                out["systems"][name], raw[name] = run_system(name, calls, reps, EngineSizes(), port=port,
+                                                             workdir=tmp, model=str(model), on_done=tick)
+            typer.echo(_line(name, out["systems"][name]), err=True)
+    except BenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    out["workdir"] = str(tmp)
+    if plot:
+        _plot(out, raw, plot)
+    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
+
+
+def _rate_scale(value: str, trace: Path, n: int, seed: int) -> float:
+    if value != "auto":
+        try:
+            x = float(value)
+        except ValueError:
+            raise ValueError(f"--rate-scale must be a number or auto, got {value!r}") from None
+        if x <= 0:
+            raise ValueError("--rate-scale must be > 0")
+        return x
+    from serving.bench.autoscale import auto_rate_scale
+
+    return auto_rate_scale(str(trace), n, seed=seed)
+
+
+def _line(name: str, s: dict) -> str:
+    one = s["per_level"].get("1", {})
+    return (f"{name}: {s['completed']} ok, {s['errors']} errors, {s['tokens_per_s']} tok/s, burst {s['wall_s']} s, "
+            f"ESI-1 TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms "
+            f"(caught: {s['esi1_caught']}), idle {s['idle_ttft_ms']} ms")
+
+
+def _plot(out: dict, raw: dict, path: Path) -> None:
+    """Per gold level, the CDF of first-token times of every system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    levels = sorted({r.call.gold for res in raw.values() for r in res})
+    fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.3), sharey=True, squeeze=False)
+    for ax, lv in zip(axes[0], levels):
+        for name, res in raw.items():
+            xs = np.sort([r.ttft for r in res if r.call.gold == lv and r.ok])
+            if len(xs):
+                ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=name)
+        ax.set_title(f"gold ESI-{lv}")
+        ax.set_xlabel("first token (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of calls")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"bench serve: {out['scenario']}, {out['requests']} calls x {out['reps']} per system")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)

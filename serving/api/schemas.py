@@ -1,7 +1,16 @@
-"""Request bodies. Unknown fields are refused (400), so typos never pass silently."""
+"""Request bodies. Unknown fields are refused (400), so typos never pass silently.
+
+The generation bodies take OpenAI's fields plus vLLM 0.32's sampling extensions with the
+names, defaults and ranges of vLLM's own server (`vllm.entrypoints.openai.*.protocol`), so
+vLLM's clients (`vllm bench serve`, scripts written against `vllm serve`) work unchanged.
+What the service cannot honour is refused with a 400 naming the field: `logprobs`,
+`top_logprobs` > 0, `prompt_logprobs`, `use_beam_search: true`, and `vllm_xargs` (the
+service sets the engine's per-request `extra_args` itself; a client may not).
+"""
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,33 +42,149 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+# vLLM's neutral values of the sampling fields a model's generation_config.json may
+# default (vLLM 0.32 `ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS`). A request's own
+# value wins, then the served model's default, then these.
+NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
+LOGIT_BIAS_MAX = 100.0     # vLLM clamps each bias to [-100, 100]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+def _finite(v: float | None) -> float | None:
+    if v is not None and not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
 class _Generation(Strict):
     model: str | None = None
     max_tokens: int | None = Field(None, gt=0)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=2, description="default: the served model's (0.2)")
+    top_p: float | None = Field(None, gt=0, le=1, description="default: the served model's (0.9)")
     n: int = Field(1, ge=1, le=1, description="only n=1 is served")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     user: str | None = Field(None, max_length=256)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, clamped to [-100, 100]")
+    top_logprobs: int | None = Field(None, ge=0, description="only 0: log probabilities are not returned")
+    # vLLM's sampling extensions (same names, defaults and ranges as vLLM 0.32's server)
+    top_k: int | None = Field(None, ge=-1, description="0 or -1: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    length_penalty: float = Field(1.0, description="beam search only (not served): accepted, no effect")
+    use_beam_search: bool = Field(False, description="only false")
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    prompt_logprobs: int | None = Field(None, description="not supported")
+    vllm_xargs: dict[str, Any] | None = Field(None, description="refused: the service sets extra_args itself")
     # Triage's extra fields
     priority: int | None = Field(None, description="ESI level; honoured for operator keys only")
     slo: SLO | None = None
     client_request_id: str | None = Field(None, min_length=1, max_length=128)
+
+    @field_validator("repetition_penalty", "length_penalty")
+    @classmethod
+    def _is_finite(cls, v):
+        return _finite(v)
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, v):
+        if v is not None and any(not s for s in ([v] if isinstance(v, str) else v)):
+            raise ValueError("stop cannot contain an empty string")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v):
+        for k, b in (v or {}).items():
+            try:
+                int(k)
+            except ValueError:
+                raise ValueError(f"key {k!r} is not a token id") from None
+            _finite(b)
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v):
+        if v:
+            raise ValueError("log probabilities are not supported by this service")
+        return v
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, v):
+        if v is not None:
+            raise ValueError("prompt log probabilities are not supported by this service")
+        return v
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, v):
+        if v:
+            raise ValueError("beam search is not supported by this service")
+        return v
+
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _no_xargs(cls, v):
+        if v is not None:
+            raise ValueError("not accepted from clients: the service sets the engine's per-request extra_args "
+                             "(level, SLOs, predicted length) from its own classification")
+        return v
 
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def token_ids(self) -> dict[str, list[int]]:
+        """The token ids the body names, by field (checked against the vocabulary)."""
+        return {"stop_token_ids": list(self.stop_token_ids or []),
+                "logit_bias": sorted(int(k) for k in (self.logit_bias or {}))}
+
+    def sampling(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """vLLM `SamplingParams` keywords for this request (max_tokens apart). For the
+        fields of `NEUTRAL_SAMPLING`: the request's value, else the served model's default
+        (`defaults`, from its generation_config.json), else vLLM's neutral value."""
+        out: dict[str, Any] = {}
+        for k, neutral in NEUTRAL_SAMPLING.items():
+            v = getattr(self, k)
+            out[k] = v if v is not None else defaults.get(k, neutral)
+        out.update(stop=self.stops(), stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
+                   min_tokens=self.min_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+                   skip_special_tokens=self.skip_special_tokens,
+                   spaces_between_special_tokens=self.spaces_between_special_tokens)
+        if self.logit_bias:
+            out["logit_bias"] = {int(k): max(-LOGIT_BIAS_MAX, min(LOGIT_BIAS_MAX, b))
+                                 for k, b in self.logit_bias.items()}
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
+
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)
+    logprobs: bool | None = Field(None, description="only false: log probabilities are not returned")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:
+            raise ValueError("log probabilities are not supported by this service")
+        return v
 
     @field_validator("messages")
     @classmethod
@@ -74,6 +199,14 @@ class ChatCompletionRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: str | list[str]
+    logprobs: int | None = Field(None, description="not supported: log probabilities are not returned")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v is not None:
+            raise ValueError("log probabilities are not supported by this service")
+        return v
 
     @field_validator("prompt")
     @classmethod

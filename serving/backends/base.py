@@ -39,10 +39,12 @@ class GenRequest:
     predicted_output_len: int
     arrival: float                  # time.time() of arrival at the front-end
     prompt_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
+    # vLLM `SamplingParams` keywords (max_tokens apart), filled by the API from the request
+    # and the served model's generation defaults (`_Generation.sampling`): temperature,
+    # top_p, top_k, min_p, repetition/presence/frequency_penalty, stop, stop_token_ids,
+    # ignore_eos, min_tokens, include_stop_str_in_output, skip_special_tokens,
+    # spaces_between_special_tokens, and where set logit_bias and seed.
+    sampling: dict = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -55,6 +57,16 @@ class Backend(Protocol):
 
     @property
     def max_model_len(self) -> int: ...
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The served model's request defaults (generation_config.json), read at start."""
+        ...
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids a request may name are below this; None: no vocabulary (simulated)."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -6,6 +6,12 @@ executes the plan against the profile's latency model (with its noise), sleeps t
 modelled step time (divided by `sim_speed`), then emits the tokens that step produced.
 Generated text is filler words. Token counts are an estimate, not a tokenizer:
 max(whitespace words, characters / 4).
+
+How long an answer is: the simulated model "ends its answer" (finish reason `stop`) at the
+request's predicted output length (the length head's estimate), raised to `min_tokens`;
+`max_tokens` cuts it short (`length`); with `ignore_eos` it runs to `max_tokens` exactly,
+as vLLM does (what `vllm bench serve` asks for). The other sampling fields have no text
+to act on and are accepted without effect.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import AsyncIterator
 import numpy as np
 
 from serving.backends.base import GenRequest, TokenEvent
+from serving.model_prep import GENERATION_DEFAULTS, SAMPLING_DEFAULT_KEYS
 from triage.classes import PriorityClasses
 from triage.policies import make_policy
 from triage.profiles import DEFAULT_PROFILE, load_profile
@@ -43,6 +50,7 @@ class SimulatedBackend:
         self._max_model_len = min(int(settings.max_model_len), self.profile.limits.max_model_len)
         self.inst: Instance | None = None
         self._queues: dict[str, asyncio.Queue] = {}
+        self._max_tokens: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._t0 = 0.0
@@ -60,6 +68,15 @@ class SimulatedBackend:
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The default model's generation defaults (no model directory is read)."""
+        return {k: v for k, v in GENERATION_DEFAULTS.items() if k in SAMPLING_DEFAULT_KEYS}
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None
 
     async def start(self) -> None:
         policy = make_policy(self.settings.policy)
@@ -94,6 +111,15 @@ class SimulatedBackend:
         return (time.monotonic() - self._t0) * self.speed
 
     # --- requests --------------------------------------------------------------------------
+    @staticmethod
+    def output_len(req: GenRequest) -> int:
+        """Tokens the simulated model produces for `req` (see the module docstring)."""
+        cap = max(1, req.max_tokens)
+        if req.sampling.get("ignore_eos"):
+            return cap
+        natural = max(1, req.predicted_output_len, int(req.sampling.get("min_tokens") or 0))
+        return min(natural, cap)
+
     async def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]:
         assert self.inst is not None, "backend not started"
         st = self.inst.state
@@ -102,9 +128,10 @@ class SimulatedBackend:
         r = Request(id=req.request_id, arrival=self._sim_now() - (time.time() - req.arrival) * self.speed,
                     prompt_len=max(1, req.prompt_tokens), predicted_level=req.level, ttft_slo=req.ttft_slo,
                     tpot_slo=req.tpot_slo, weight=c.weight, predicted_output_len=max(1, req.predicted_output_len),
-                    output_len=max(1, req.max_tokens), seq=self._seq)
+                    output_len=self.output_len(req), seq=self._seq)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[r.id] = q
+        self._max_tokens[r.id] = max(1, req.max_tokens)
         st.add(r)
         self._wake.set()
         try:
@@ -117,6 +144,7 @@ class SimulatedBackend:
                     return
         finally:
             self._queues.pop(r.id, None)
+            self._max_tokens.pop(r.id, None)
             if r.id in st.requests:
                 st.remove(r.id)
 
@@ -182,5 +210,8 @@ class SimulatedBackend:
                 n = r.generated
                 text = "".join((" " if i else "") + WORDS[(hash(rid) + i) % len(WORDS)] for i in range(before[rid], n))
                 done = r.finished
+                reason = None
+                if done:
+                    reason = "length" if n >= self._max_tokens.get(rid, n) else "stop"
                 q.put_nowait(TokenEvent(rid, text, list(range(before[rid], n)), now, done,
-                                        "length" if done else None, r.prompt_len, n, r.preemptions))
+                                        reason, r.prompt_len, n, r.preemptions))

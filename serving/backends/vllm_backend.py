@@ -64,6 +64,15 @@ class VLLMBackend:
     def max_model_len(self) -> int:
         return int(self.engine.max_model_len) if self.engine is not None else int(self.settings.max_model_len)
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The served model's generation_config.json defaults (read by the engine at start)."""
+        return self.engine.generation_defaults if self.engine is not None else {}
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.engine.vocab_size if self.engine is not None else None
+
     async def start(self) -> None:
         if self.engine is None:
             from serving.engine import TriageEngine
@@ -93,11 +102,13 @@ class VLLMBackend:
 
     # --- requests --------------------------------------------------------------------------
     async def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]:
-        temperature = req.temperature
+        # the request's sampling keywords over the model's defaults (the API has already
+        # merged them; a GenRequest built elsewhere still gets the model's decoding)
+        sampling = {**self.sampling_defaults, **req.sampling}
         async for ev in self.engine.generate(
-                req.request_id, req.prompt, max_tokens=req.max_tokens, temperature=temperature, top_p=req.top_p,
-                stop=req.stop or None, level=req.level, ttft_slo=req.ttft_slo, tpot_slo=req.tpot_slo,
-                predicted_output_len=req.predicted_output_len, arrival=req.arrival):
+                req.request_id, req.prompt, max_tokens=req.max_tokens, level=req.level, ttft_slo=req.ttft_slo,
+                tpot_slo=req.tpot_slo, predicted_output_len=req.predicted_output_len, arrival=req.arrival,
+                **sampling):
             yield ev
 
     async def abort(self, request_id: str) -> None:

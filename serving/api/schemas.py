@@ -72,21 +72,21 @@ class _Generation(Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, clamped to [-100, 100]")
-    top_logprobs: int | None = Field(None, ge=0, description="only 0: log probabilities are not returned")
+    top_logprobs: Literal[0] | None = Field(None, description="only 0: log probabilities are not returned")
     # vLLM's sampling extensions (same names, defaults and ranges as vLLM 0.32's server)
     top_k: int | None = Field(None, ge=-1, description="0 or -1: off")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     length_penalty: float = Field(1.0, description="beam search only (not served): accepted, no effect")
-    use_beam_search: bool = Field(False, description="only false")
+    use_beam_search: Literal[False] = Field(False, description="only false: beam search is not served")
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    prompt_logprobs: int | None = Field(None, description="not supported")
-    vllm_xargs: dict[str, Any] | None = Field(None, description="refused: the service sets extra_args itself")
+    prompt_logprobs: None = Field(None, description="not supported")
+    vllm_xargs: None = Field(None, description="refused: the service sets the engine's extra_args itself")
     # Triage's extra fields
     priority: int | None = Field(None, description="ESI level; honoured for operator keys only")
     slo: SLO | None = None
@@ -115,28 +115,28 @@ class _Generation(Strict):
             _finite(b)
         return v
 
-    @field_validator("top_logprobs")
+    @field_validator("top_logprobs", mode="before")
     @classmethod
     def _no_top_logprobs(cls, v):
         if v:
             raise ValueError("log probabilities are not supported by this service")
         return v
 
-    @field_validator("prompt_logprobs")
+    @field_validator("prompt_logprobs", mode="before")
     @classmethod
     def _no_prompt_logprobs(cls, v):
         if v is not None:
             raise ValueError("prompt log probabilities are not supported by this service")
         return v
 
-    @field_validator("use_beam_search")
+    @field_validator("use_beam_search", mode="before")
     @classmethod
     def _no_beam_search(cls, v):
         if v:
             raise ValueError("beam search is not supported by this service")
         return v
 
-    @field_validator("vllm_xargs")
+    @field_validator("vllm_xargs", mode="before")
     @classmethod
     def _no_xargs(cls, v):
         if v is not None:
@@ -177,9 +177,9 @@ class _Generation(Strict):
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)
-    logprobs: bool | None = Field(None, description="only false: log probabilities are not returned")
+    logprobs: Literal[False] | None = Field(None, description="only false: log probabilities are not returned")
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", mode="before")
     @classmethod
     def _no_logprobs(cls, v):
         if v:
@@ -199,9 +199,9 @@ class ChatCompletionRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: str | list[str]
-    logprobs: int | None = Field(None, description="not supported: log probabilities are not returned")
+    logprobs: None = Field(None, description="not supported: log probabilities are not returned")
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", mode="before")
     @classmethod
     def _no_logprobs(cls, v):
         if v is not None:

@@ -72,6 +72,7 @@ class EngineConfig:
     classes: dict | None = None       # PriorityClasses.to_dict(); default: data file x profile slo_scale
     policy_params: dict = field(default_factory=dict)
     record_steps: int = 0             # the scheduler keeps the last N (plan, scheduled) pairs
+    step_log: str | None = None       # JSONL file: per step what ran, what was preempted and why
     scheduler_cls: str | None = SCHEDULER_CLS   # None: vLLM's own scheduler
     scheduling_policy: str = "priority"
     stats_interval_s: float = 0.5
@@ -92,6 +93,8 @@ class EngineConfig:
             kw["scheduler_cls"] = self.scheduler_cls
             triage = {"policy": self.policy, "profile": self.profile, "policy_params": self.policy_params,
                       "record_steps": self.record_steps}
+            if self.step_log:
+                triage["step_log"] = str(self.step_log)
             if self.classes:
                 triage["classes"] = self.classes
             kw["additional_config"] = {"triage": triage}

@@ -214,6 +214,7 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
     seqs = engine_info["max_num_seqs"]
     # A full mixed step: one prefill chunk filling the token budget beside the decodes.
     full_step = ps._batch_time([Work(bt - (seqs - 1), 0)] + [Work(1, 1000)] * (seqs - 1))
+    decode_step = ps._batch_time([Work(1, 256)] * seqs)   # every seat decoding, short contexts
     # A 1,024-token prompt alone, chunked at the token budget.
     ttft_1k = sum(ps._batch_time([Work(min(bt, 1024 - s), s)]) for s in range(0, 1024, bt))
     # Light load must meet the SLOs despite step-time noise: take the noise's 99th
@@ -244,7 +245,12 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         # triage's `safety`: how far a real step may overrun its prediction (the 99.9th
         # percentile of measured/predicted over the sweep); a protected decode's steps are
         # planned that much shorter than its TPOT, since a miss in any one step is a miss.
-        "policy_params": {"triage": {"eta": round(full_step, 3), "safety": safety},
+        # The live engine runs triage in its strict-urgency mode (docs/preemption.md): any
+        # more urgent call takes a seat from a less urgent one, decodes first, and no step
+        # longer than max_step_s (about two full decode steps), so an urgent arrival waits
+        # at most one short step for the engine.
+        "policy_params": {"triage": {"eta": round(full_step, 3), "safety": safety, "order": "level",
+                                     "evict_for": "level", "max_step_s": round(max(0.2, 2 * decode_step), 3)},
                           "slidebatching": {"eta": round(full_step, 3)}},
         "noise_cv": round(noise_cv, 4),
         "mape": round(mape(ps), 4),

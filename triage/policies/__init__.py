@@ -1,7 +1,7 @@
 """Scheduling policies, one per file, registered by name."""
 from triage.policies.base import POLICIES, Policy, SchedulerView, register
 from triage.policies import (  # noqa: F401  (registration)
-    fcfs, sarathi, hpjf, semantic, slidebatching, triage_policy,
+    fcfs, fcfs_prefill_first, sarathi, hpjf, semantic, slidebatching, triage_policy,
     edf, sjf, vtc, fairbatching, sedf, slidingserve,
 )
 

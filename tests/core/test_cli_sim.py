@@ -52,3 +52,130 @@ def test_bench_policies_compares_routers_on_instances_and_plots(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     bad = runner.invoke(app, ["bench", "policies", "--router", "min_load,nope", "--limit", "5"])
     assert bad.exit_code != 0 and "unknown routers" in bad.output
+
+
+# --- scheduler inputs, TPOT metric, error-rate study, burst ---------------------------------
+
+def _tiny_trace(tmp_path, n=60):
+    p = tmp_path / "tiny.csv"
+    p.write_text("arrival,prompt_tokens,output_tokens,level\n" +
+                 "".join(f"{i * 0.3},{100 + 7 * i},{10 + i % 20},{1 + i % 5}\n" for i in range(n)))
+    return p
+
+
+def _last_json(res):
+    return json.loads([x for x in res.stdout.splitlines() if x.strip()][-1])
+
+
+def test_simulate_with_noisy_levels_reports_per_gold_level_with_classifier_figures(tmp_path):
+    res = runner.invoke(app, ["simulate", "--trace", str(_tiny_trace(tmp_path)), "--levels", "noisy:0.4",
+                              "--lengths", "noisy:0.5", "--tpot-metric", "running", "--json"])
+    assert res.exit_code == 0, res.output
+    d = _last_json(res)
+    assert d["simulated"] is True and d["tpot_metric"] == "running"
+    assert d["inputs"]["levels"] == "noisy:0.4" and d["inputs"]["lengths"] == "noisy:0.5"
+    assert 0.3 < 1 - d["classifier"]["accuracy"] < 0.8
+    assert sum(c["requests"] for c in d["per_class"].values()) == 60
+    assert sum(c["seen_other_level"] for c in d["per_class"].values()) > 0
+    assert {"mape_uncorrected", "mape_corrected", "beta_final", "truth"} <= set(d["estimator"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--levels", "noisy:2"], "between 0 and 1"),
+    (["--levels", "noisy:abc"], "between 0 and 1"),
+    (["--lengths", "guess"], "oracle, predicted or noisy"),
+    (["--texts", "nope-pool"], "unknown --texts"),
+    (["--tpot-metric", "median"], "tpot-metric"),
+    (["--truth", "oracle"], "unknown --truth"),
+    (["--rate-scale", "0"], "rate-scale"),
+    (["--scenario", "flood"], "scenario"),
+])
+def test_bad_simulator_arguments_are_clear_errors(tmp_path, args, message):
+    res = runner.invoke(app, ["simulate", "--trace", str(_tiny_trace(tmp_path, 5)), *args])
+    assert res.exit_code != 0
+    assert message in res.output
+
+
+def test_bench_error_rate_json_rows_and_plot(tmp_path):
+    png = tmp_path / "er.png"
+    res = runner.invoke(app, ["bench", "error-rate", "--trace", str(_tiny_trace(tmp_path)), "--rates", "0,0.3",
+                              "--policies", "triage,fcfs", "--rate-scale", "2", "--predicted-texts", "none",
+                              "--plot", str(png), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = _last_json(res)["rows"]
+    assert [(r["policy"], r["rate"]) for r in rows] == [("triage", 0.0), ("fcfs", 0.0), ("triage", 0.3), ("fcfs", 0.3)]
+    for r in rows:
+        assert {"policy", "rate", "esi1_norm_wait", "esi1_slo_attainment", "tdg_ratio"} <= set(r)
+    assert rows[0]["esi1_norm_wait"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = runner.invoke(app, ["bench", "error-rate", "--rates", "0,1.5", "--predicted-texts", "none"])
+    assert bad.exit_code != 0 and "--rates" in bad.output
+    bad = runner.invoke(app, ["bench", "error-rate", "--policies", "triage,nope", "--predicted-texts", "none"])
+    assert bad.exit_code != 0 and "unknown policies" in bad.output
+
+
+def test_bench_policies_takes_the_scheduler_inputs(tmp_path):
+    res = runner.invoke(app, ["bench", "policies", "--trace", str(_tiny_trace(tmp_path)), "--policies",
+                              "fcfs,fcfs-prefill-first", "--rate-scales", "2", "--levels", "noisy:0.2",
+                              "--tpot-metric", "max-gap", "--json"])
+    assert res.exit_code == 0, res.output
+    d = _last_json(res)
+    assert d["levels"] == "noisy:0.2" and d["tpot_metric"] == "max-gap"
+    assert all("classifier" in r for r in d["rows"])
+
+
+def _predictors_trained() -> bool:
+    from triage.paths import state_dir
+
+    return all((state_dir() / "predictors" / k / "triage_meta.json").exists() for k in ("urgency", "length"))
+
+
+@pytest.mark.skipif(not _predictors_trained(), reason="predictors not trained (triage train all)")
+def test_simulate_with_predicted_levels_and_lengths_from_a_text_file(tmp_path):
+    from triage.paths import state_dir
+
+    texts = tmp_path / "pool.jsonl"
+    rows = [("unconscious, not breathing, no pulse", 1), ("chest pain radiating to left arm, sweating", 2),
+            ("abdominal pain since yesterday, vomiting twice", 3), ("sprained ankle playing football", 4),
+            ("needs a prescription refill", 5)]
+    texts.write_text("".join(json.dumps({"text": f"{t} (case {k})", "level": lv}) + "\n"
+                             for t, lv in rows for k in range(2)))
+    args = ["simulate", "--trace", str(_tiny_trace(tmp_path)), "--levels", "predicted", "--lengths", "predicted",
+            "--texts", str(texts), "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    d = _last_json(res)
+    c = d["classifier"]
+    assert c["n"] == 60 and 0 <= c["accuracy"] <= 1 and "under_triage_1_2" in c
+    assert c["distinct_texts"]["n"] == 10
+    assert d["inputs"]["texts"] == str(texts) and d["inputs"]["length_error"]["mean_true"] > 0
+    p = d["inputs"]["predictions"]
+    assert (state_dir() / "cache").exists() and p["computed"] + p["cached"] == 10
+    again = _last_json(runner.invoke(app, args))
+    assert again["inputs"]["predictions"]["computed"] == 0, "predictions are cached per model fingerprint"
+    assert again["per_class"] == d["per_class"]
+
+
+def _served_model_ready() -> bool:
+    from triage.paths import state_dir
+
+    return (state_dir() / "models" / "SmolLM2-135M-Instruct" / "tokenizer_config.json").exists()
+
+
+@pytest.mark.skipif(not _served_model_ready(), reason="served model not prepared (its tokenizer counts the prompts)")
+def test_simulated_burst_prints_bench_serve_shape():
+    """(--levels predicted runs our classifier on the burst's texts: the same path as
+    the JSONL test above; noisy levels keep this test free of the predictors.)"""
+    res = runner.invoke(app, ["simulate", "--scenario", "burst", "--requests", "20", "--spread", "1",
+                              "--texts", "corpus-test", "--levels", "noisy:0.2", "--json"])
+    assert res.exit_code == 0, res.output
+    d = _last_json(res)
+    assert d["scenario"] == "burst" and d["simulated"] and d["requests"] == 20
+    assert d["engine"]["max_num_seqs"] == 32 and d["engine"]["max_num_batched_tokens"] == 2048
+    s = d["systems"]["sim-triage"]
+    assert s["completed"] == 20 and s["errors"] == 0 and s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
+    for lv in s["per_level"].values():
+        assert {"n", "ttft_p50_ms", "ttft_p99_ms", "ttft_max_ms", "slo_attainment", "tpot_mean_ms"} <= set(lv)
+    assert "accuracy" in s["classifier"] and d["truth"]["kind"] == "measured"
+    bad = runner.invoke(app, ["simulate", "--scenario", "burst", "--texts", "nope-pool"])
+    assert bad.exit_code != 0 and "unknown --texts" in bad.output

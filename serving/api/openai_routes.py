@@ -46,6 +46,7 @@ async def triage(request: Request, body: TriageRequest, _: ClientKey) -> dict:
 
 async def _submit(request: Request, principal: Principal, body, endpoint: str, prompt: str, classify_text: str,
                   max_tokens: int | None) -> Job:
+    received = time.time()   # the call's arrival: TTFT and deadlines count classification too
     app = request.app
     s = app.state.settings
     fe = app.state.frontend
@@ -88,7 +89,7 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
     job = Job(id=new_request_id(), seq=fe.next_seq(), endpoint=endpoint, prompt=prompt, prompt_tokens=n_prompt,
               max_tokens=max_tokens, prediction=pred, ttft_slo=ttft, tpot_slo=tpot, key_id=principal.key_id,
               client_request_id=body.client_request_id, model=s.served_model_name, override_level=override,
-              custom_slo=custom, store_prompt=s.store_prompts,
+              custom_slo=custom, store_prompt=s.store_prompts, arrival=received,
               params=body.sampling(getattr(backend, "sampling_defaults", None) or {}))
     fe.submit(job)
     return job

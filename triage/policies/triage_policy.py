@@ -33,9 +33,10 @@ docs/preemption.md): strict urgency with decode-first batching:
     2. batch: protected requests; every running decode (cheap, keeps the seats
        productive); then the rest by level, a preempted request first within its level,
        then remain.
-Both modes: `max_step_s` caps a step (never below the time of the running decodes), so a
-newly arrived urgent request waits at most one short step for the engine (the step
-boundary is our preemption point; FlowPrefill's is an operator, seed 003 §4).
+Both modes: `max_step_s` caps a step (never below the running decodes plus half of it
+for prefill; a protected request always gets its seat), so a newly arrived urgent
+request waits at most one short step for the engine (the step boundary is our
+preemption point; FlowPrefill's is an operator, seed 003 §4).
 """
 from __future__ import annotations
 
@@ -87,9 +88,9 @@ class Triage(SlideBatching):
             floor = q.t_c + float(q.exec[: q.n_run][decodes].sum())
             cap = float(q.remain[: q.n_run][decoding].min()) / self.safety
             t_budget = min(t_budget, max(cap, floor))
-        if self.max_step_s is not None:
+        if self.max_step_s is not None:  # never below the running decodes plus room for prefill
             floor = q.t_c + float(q.exec[: q.n_run][decodes].sum()) + 2 * TIME_SLACK
-            t_budget = min(t_budget, max(self.max_step_s, floor))
+            t_budget = min(t_budget, max(self.max_step_s, floor + self.max_step_s / 2))
         if self.order == "level":
             return self._plan_by_level(view, q, protected, t_budget)
         urgent = (q.remain < self.gamma * q.phi(self.phi, t_budget)) & ~protected
@@ -197,7 +198,7 @@ class Triage(SlideBatching):
                 break
             chunk = min(r.need, tokens_left)
             prefill_time -= est.request_time(chunk, r.computed)
-            if chunk <= 0 or (prefill_time < 0 and held_seats):
+            if chunk <= 0 or (prefill_time < 0 and held_seats and r.level > self.protect_level):
                 break  # it would get no tokens this step: evicting for it now wastes work
             tokens_left -= chunk
             if b.seats_left <= 0 or b.blocks_short(r) > 0:

@@ -67,6 +67,25 @@ def _f(pattern: str, text: str) -> float | None:
         return None
 
 
+# Keywords that are also everyday words or office/code abbreviations ("send HR 2 copies",
+# "PR 12 broke the build", "we sat 40 people", "oxygen is 21 % of air", "the mental pain of
+# it"): a reading behind one of them counts only beside a reading of another vital sign,
+# as in every vitals line the corpus, KTAS and crews write. The unambiguous spellings
+# (SBP, SpO2, "heart rate", "blood pressure 85/50", "AVPU", "mental:") count on their own.
+_WEAK = {
+    "hr": r"\b(?:HR|PR|pulse)(?: of| is)?\s*:?\s*" + _NUM,
+    "rr": r"\bRR(?: of| is)?\s*:?\s*" + _NUM,
+    "bt": r"\b(?:T|temp)\s*:?\s*(\d{2}(?:\.\d)?)\b",
+    "spo2": r"\b(?:sats?|oxygen)(?: of| is)?\s*:?\s*" + _NUM,
+}
+_STRONG = {
+    "hr": r"\b(?:pulse rate|heart rate)(?: of| is)?\s*:?\s*" + _NUM,
+    "rr": r"\bresp(?:iratory)? rate(?: of| is)?\s*:?\s*" + _NUM,
+    "bt": r"\bBT\s*:?\s*(\d{2}(?:\.\d)?)\b",
+    "spo2": r"\b(?:SpO2|SaO2|O2 sat|oxygen sat(?:uration)?)(?: of| is)?\s*:?\s*" + _NUM,
+}
+
+
 def parse_vitals(text: str) -> Vitals:
     """Read age, BP, HR, RR, temperature, SpO2 and AVPU from nurse-style text.
 
@@ -74,33 +93,49 @@ def parse_vitals(text: str) -> Vitals:
     `V/S 128/80-88-18-36.8`, `HR 110`, `PR 110`, `pulse 110`, `heart rate of 110`, `RR 22`,
     `resp rate 30`, `BT 36.8`, `T 38.2`, `SpO2 95`, `sat 91%`, `sats 88`, `oxygen 85`,
     `age 67`, `67M`, `67 y/o`, `mental: verbal`, `AVPU P`. Text without such fields
-    yields an empty `Vitals`.
+    yields an empty `Vitals`. The ambiguous keywords (HR, PR, pulse, RR, T, temp, sat(s),
+    oxygen, "mental" without a colon) are read only beside another vital sign (`_WEAK`).
     """
     t = text[:4000]
-    sbp = _f(r"\bSBP\s*:?\s*" + _NUM, t)
-    dbp = _f(r"\bDBP\s*:?\s*" + _NUM, t)
-    hr = _f(r"\b(?:HR|PR|pulse(?: rate)?|heart rate)(?: of| is)?\s*:?\s*" + _NUM, t)
-    rr = _f(r"\b(?:RR|resp(?:iratory)? rate)(?: of| is)?\s*:?\s*" + _NUM, t)
-    bt = _f(r"\b(?:BT|T|temp)\s*:?\s*(\d{2}(?:\.\d)?)\b", t)
-    spo2 = _f(r"\b(?:SpO2|SaO2|sats?|O2 sat|oxygen(?: sat(?:uration)?)?)(?: of| is)?\s*:?\s*" + _NUM, t)
+    got: dict[str, float | None] = {}
+    weak: set[str] = set()
+    for k in ("hr", "rr", "bt", "spo2"):
+        got[k] = _f(_STRONG[k], t)
+        if got[k] is None:
+            got[k] = _f(_WEAK[k], t)
+            if got[k] is not None:
+                weak.add(k)
+    got["sbp"] = _f(r"\bSBP\s*:?\s*" + _NUM, t)
+    got["dbp"] = _f(r"\bDBP\s*:?\s*" + _NUM, t)
     m = re.search(r"\b(?:BP|blood pressure)(?: of| is)?\s*:?\s*(\d{2,3})\s*/\s*(\d{2,3})", t, flags=re.IGNORECASE)
-    if m and sbp is None:
-        sbp, dbp = float(m.group(1)), float(m.group(2))
+    if m and got["sbp"] is None:
+        got["sbp"], got["dbp"] = float(m.group(1)), float(m.group(2))
     m = re.search(r"\bV/?S\s*:?\s*(\d{2,3})/(\d{2,3})-(\d{2,3})-(\d{1,2})-(\d{2}(?:\.\d)?)", t, flags=re.IGNORECASE)
     if m:
-        sbp, dbp, hr, rr, bt = (float(g) for g in m.groups())
+        got["sbp"], got["dbp"], got["hr"], got["rr"], got["bt"] = (float(g) for g in m.groups())
+        weak -= {"hr", "rr", "bt"}
     age = _f(r"\bage\s*:?\s*(\d{1,3})\b", t)
     if age is None:
         age = _f(r"\b(\d{1,3})\s*(?:y/?o|yo|yrs?|years? old|[MF])\b", t)
     avpu = None
-    m = re.search(r"\b(?:mental(?:\s+status)?|AVPU|mentality)\s*:?\s*(responds to pain|a&ox3|[a-z]+)", t, flags=re.IGNORECASE)
+    m = re.search(r"\b(?:mental(?:\s+status)?|AVPU|mentality)(\s*:?\s*)(responds to pain|a&ox3|[a-z]+)", t, flags=re.IGNORECASE)
     if m:
-        avpu = _AVPU_WORDS.get(m.group(1).lower())
-    if bt is not None and not 30.0 <= bt <= 45.0:
-        bt = None
-    if spo2 is not None and spo2 > 100:
-        spo2 = None
-    return Vitals(age=age, sbp=sbp, dbp=dbp, hr=hr, rr=rr, bt=bt, spo2=spo2, avpu=avpu)
+        avpu = _AVPU_WORDS.get(m.group(2).lower())
+        word = m.group(0).split()[0].lower().rstrip(":")
+        if avpu is not None and word in ("mental", "mentality") and ":" not in m.group(1) \
+                and not m.group(0).lower().startswith("mental status"):
+            weak.add("avpu")
+    got["avpu"] = avpu
+    if got["bt"] is not None and not 30.0 <= got["bt"] <= 45.0:
+        got["bt"] = None
+    if got["spo2"] is not None and got["spo2"] > 100:
+        got["spo2"] = None
+    fields = ("sbp", "hr", "rr", "bt", "spo2", "avpu")  # dbp comes with sbp
+    for k in weak:
+        if got[k] is not None and not any(got[o] is not None for o in fields if o != k):
+            got[k] = None
+    return Vitals(age=age, sbp=got["sbp"], dbp=got["dbp"], hr=got["hr"], rr=got["rr"], bt=got["bt"], spo2=got["spo2"],
+                  avpu=got["avpu"])
 
 
 def danger_zone_limits(age: float | None) -> tuple[int, int]:

@@ -33,6 +33,38 @@ def test_parse_vitals(text, expect):
         assert getattr(v, k) == expect.get(k), k
 
 
+@pytest.mark.parametrize("text", [
+    "please send HR 2 copies of the signed contract",          # human resources
+    "PR 12 broke the build, can you revert it",                 # pull request
+    "we sat 45 people at the gala dinner",
+    "oxygen is 21 percent of the air we breathe",
+    "the mental pain of losing a job is real, write me a poem about it",
+    "set the pulse 30 times a second in the LED driver",
+    "add RR 5 to the rota for saturday",
+    "Model T 20 horsepower, how fast could it go",
+])
+def test_everyday_words_are_not_vital_signs(text):
+    """Keywords that are also office or code words count only beside another vital sign,
+    so paperwork and chat never trip an ESI floor (revision 4, non-dispatch traffic)."""
+    v = parse_vitals(text)
+    assert not v.any(), v
+    assert safety_floor(v, 3).level == 5 and safety_floor(v, 5).level == 5
+    assert decide(np.array([0.0, 0.0, 0.0, 0.0, 1.0]), text, escalate_below=0.16).level == 5
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("HR 30, BP 80/40, mental: pain", dict(hr=30, sbp=80, dbp=40, avpu="P")),   # the same keywords in a vitals line
+    ("67M c/o dyspnea. HR 120 RR 30 T 37.9. mental pain", dict(age=67, hr=120, rr=30, bt=37.9, avpu="P")),
+    ("my dad, oxygen 85, heart rate of 130", dict(hr=130, spo2=85)),
+    ("heart rate of 190", dict(hr=190)),                                          # unambiguous on its own
+    ("sats 88 and pulse 130", dict(hr=130, spo2=88)),
+])
+def test_ambiguous_keywords_count_beside_another_vital(text, expect):
+    v = parse_vitals(text)
+    for k in ("age", "sbp", "dbp", "hr", "rr", "bt", "spo2", "avpu"):
+        assert getattr(v, k) == expect.get(k), k
+
+
 def test_danger_zone_limits_by_age():
     assert danger_zone_limits(1) == (160, 40)
     assert danger_zone_limits(5) == (140, 30)

@@ -16,6 +16,10 @@ ne (non-emergent care reasonable) = levels 3-4, sc (self-care reasonable) = leve
 A prediction is correct when it falls in the gold range; the confusion matrix has rows
 em/ne/sc and columns predicted levels 1-5; macro-F1 is over the three classes;
 under_triage_1_2 is the share of em vignettes predicted 3-5; level1_recall is null.
+
+Corpus test split: the report adds `by_kind`: the dispatch rows' own report (level-1
+recall of real callers) and, for the texts that are not dispatch requests (chat, writing,
+code, trivia, paperwork, health questions; gold 5), how many were predicted 1-2, 3 and 4-5.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictors.corpus import load_corpus
+from predictors.corpus import load_corpus, load_length_label_rows, length_labels_meta
 from predictors.metrics import macro_f1, urgency_report
 from triage.paths import shared_datasets_dir
 
@@ -104,6 +108,30 @@ def semigran_report(gold: list[str], pred: list[int]) -> dict:
     }
 
 
+def kind_report(rows: list[dict], pred: list[int]) -> dict:
+    """Corpus rows by `kind` (revision 4): dispatch requests get the usual report; texts that
+    are not dispatch requests (gold level 5) are counted by predicted level band, overall
+    and per style. Rows without a `kind` count as dispatch."""
+    pred_a = np.asarray(pred, dtype=int)
+    kinds = np.array([r.get("kind", "dispatch") for r in rows])
+    out: dict = {}
+    disp = kinds == "dispatch"
+    if disp.any():
+        out["dispatch"] = urgency_report([r["level"] for r, k in zip(rows, disp) if k], list(pred_a[disp]))
+    nd = kinds == "non_dispatch"
+    if nd.any():
+        p = pred_a[nd]
+        bands = lambda q: {"level_1_2": int((q <= 2).sum()), "level_3": int((q == 3).sum()), "level_4_5": int((q >= 4).sum())}  # noqa: E731
+        styles = np.array([r["style"] for r, k in zip(rows, nd) if k])
+        out["non_dispatch"] = {
+            "n": int(nd.sum()), **bands(p),
+            "share_level_1_2": float((p <= 2).mean()), "share_level_4_5": float((p >= 4).mean()),
+            "predicted_counts_1_5": [int((p == lv).sum()) for lv in range(1, 6)],
+            "by_style": {st: {"n": int((styles == st).sum()), **bands(p[styles == st])} for st in sorted(set(styles))},
+        }
+    return out
+
+
 def evaluate_urgency(dataset: str, predict_levels) -> dict:
     """`predict_levels(texts) -> list[int]` (effective levels). Returns the report dict."""
     if dataset == "ktas":
@@ -118,5 +146,49 @@ def evaluate_urgency(dataset: str, predict_levels) -> dict:
         return semigran_report(gold, predict_levels(texts))
     if dataset == "corpus-test":
         rows = load_corpus("test")
-        return urgency_report([r["level"] for r in rows], predict_levels([r["text"] for r in rows]))
+        pred = predict_levels([r["text"] for r in rows])
+        rep = urgency_report([r["level"] for r in rows], pred)
+        rep["by_kind"] = kind_report(rows, pred)
+        return rep
     raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
+
+
+def evaluate_length(clf, split: str = "test") -> dict:
+    """The length head (`clf`, a loaded `Classifier` of kind "length") on a corpus split.
+
+    accuracy / within_one: bucket argmax exact / off by at most one bucket;
+    majority_baseline: accuracy of always answering the split's most common bucket (the
+    stricter form: the training split's majority bucket does no better);
+    mae_tokens: mean |estimate - true output tokens| of the estimate the service uses
+    (expected tokens, sum over buckets of P(bucket) x the bucket's median in training),
+    beside mae_tokens_baseline, the training split's median length for every request;
+    capped_fraction: share of the split's labels that hit the generation cap;
+    label_sampling: how the labels were generated (the label file's sidecar)."""
+    from predictors.metrics import bucket_report
+    from predictors.model import bucket_of
+
+    meta = clf.meta
+    labels = load_length_label_rows()
+    train_tokens = [int(labels[r["id"]]["output_tokens"]) for r in load_corpus("train") if r["id"] in labels]
+    rows = [r for r in load_corpus(split) if r["id"] in labels]
+    tokens = np.array([int(labels[r["id"]]["output_tokens"]) for r in rows], dtype=float)
+    gold = np.array([bucket_of(t, meta.bucket_edges) for t in tokens], dtype=int)
+    probs = clf.probs([r["text"] for r in rows])
+    pred = probs.argmax(1)
+    n_buckets = len(meta.labels)
+    rep = bucket_report(list(gold), list(pred), n_buckets)
+    est = probs @ np.asarray(meta.bucket_tokens, dtype=float)
+    majority = np.bincount(gold, minlength=n_buckets).argmax() if len(gold) else 0
+    sampling = length_labels_meta().get("label_sampling") or meta.train_info.get("label_sampling")
+    return {
+        "n": int(len(rows)), "split": split,
+        "accuracy": rep["accuracy"], "within_one": rep["within_one_bucket"],
+        "majority_baseline": float((gold == majority).mean()) if len(gold) else None,
+        "within_one_baseline": float((np.abs(gold - majority) <= 1).mean()) if len(gold) else None,
+        "mae_tokens": float(np.abs(est - tokens).mean()) if len(rows) else None,
+        "mae_tokens_baseline": float(np.abs(np.median(train_tokens) - tokens).mean()) if len(rows) and train_tokens else None,
+        "capped_fraction": float(np.mean([labels[r["id"]]["finish_reason"] == "length" for r in rows])) if rows else None,
+        "label_sampling": sampling,
+        "bucket_edges": list(meta.bucket_edges), "bucket_tokens": list(meta.bucket_tokens),
+        "macro_f1": rep["macro_f1"], "confusion": rep["confusion"],
+    }

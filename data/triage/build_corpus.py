@@ -472,12 +472,316 @@ def revision3(rows: list[dict]) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------------------
+# Revision 4: traffic that is not a dispatch request (see DATACARD.md). A dispatch centre's
+# front end also receives chat, writing requests, code questions, trivia, paperwork and
+# health questions that describe no patient. ESI has no level for "not a patient"; they
+# are labelled 5 (wait behind every caller), kind "non_dispatch". Many are written to
+# look alarming (metaphors, "emergency!" openers, medical words in a story request) so
+# the model learns the framing, not the vocabulary. Beside them, real emergencies written
+# in the same casual, off-topic framing (kind "dispatch", style "casual") keep 1 and 2.
+# --------------------------------------------------------------------------------------
+
+ND_SEED = SEED + 3
+
+_ND_FILL = {
+    "adj": ["long", "short", "funny", "sad", "heartwarming", "spooky", "500-word", "two-paragraph", "rhyming", "dramatic",
+            "children's", "very short", "bittersweet", "suspenseful"],
+    "form": ["story", "poem", "haiku", "essay", "limerick", "song", "blog post", "speech", "bedtime story", "screenplay scene",
+             "short story", "sonnet", "diary entry", "letter", "fairy tale", "rap verse"],
+    "topic": ["a dog", "a lost cat", "the ocean", "autumn leaves", "a lighthouse keeper", "a robot who learns to paint",
+              "my grandmother's kitchen", "a dragon who is afraid of fire", "a haunted house", "time travel", "friendship",
+              "a rainy day in Paris", "a small town bakery", "the first day of school", "a pirate ship", "a space station",
+              "a detective in Tokyo", "a talking tree", "coffee", "the moon landing", "a penguin who wants to fly",
+              "two rival chefs", "a forgotten umbrella", "the last bookshop in town", "a fox and a hedgehog",
+              # medical or violent words, still a writing request
+              "a heart attack", "a paramedic's night shift", "an ambulance crew on new year's eve", "a surgeon who saves a child",
+              "a man who survives a stroke", "a nurse in the emergency room", "a firefighter rescuing a cat",
+              "a hospital during a blackout", "a soldier bleeding on a battlefield", "someone drowning in sadness",
+              "a zombie apocalypse", "a car crash and what came after", "a knight stabbed by a dragon", "a poisoned king",
+              "a murder mystery on a train", "a heroic 911 dispatcher", "a patient waking from a coma", "a plague in a medieval town",
+              "a grandfather's last day", "a seizure in a science fiction story", "a vampire who faints at the sight of blood"],
+    "purpose": ["my creative writing class", "a school assignment", "my daughter's birthday", "a wedding toast", "a retirement party",
+                "my blog", "a podcast intro", "a greeting card", "the company newsletter", "a bedtime read"],
+    "occasion": ["my mom's 60th birthday", "a colleague leaving the team", "a wedding", "mother's day", "a graduation",
+                 "our team's end-of-year party", "my best friend's engagement", "a dispatcher's retirement"],
+    "author": ["dr seuss", "shakespeare", "hemingway", "edgar allan poe", "a pirate", "a noir detective", "a sports commentator"],
+    "sentence": ["we regret to inform you the meeting has been moved to thursday",
+                 "the results of the quarterly review were better than expected",
+                 "our dog ran away and came back two days later very happy",
+                 "please find attached the report you asked for",
+                 "the heart of the matter is that nobody read the manual",
+                 "i am writing to apply for the position of nurse educator",
+                 "the hero collapsed on the floor as the villain laughed",
+                 "the patient in my novel bleeds out before the doctor arrives",
+                 "thank you for the lovely flowers you sent after my surgery",
+                 "the new ambulance station opens on the first of march"],
+    "opening": ["the ambulance siren faded into the night as", "it was a dark and stormy night and",
+                "the old man clutched his chest and smiled, because", "nobody in the village had seen the dragon since",
+                "she opened the letter and gasped:", "the detective found the body at dawn, and"],
+    "language": ["spanish", "french", "german", "korean", "italian", "portuguese", "japanese"],
+    "tone": ["more formal", "friendlier", "more persuasive", "less angry", "like a pirate", "shorter", "more professional"],
+    "doc": ["cover letter", "essay", "email to my landlord", "wedding speech", "thesis abstract", "linkedin summary"],
+    "n": ["2", "3", "5", "10", "12", "20"],
+    "task": ["reverse a list", "read a csv file", "kill a process by name", "kill all child processes", "parse json",
+             "sort a dictionary by value", "connect to postgres", "start a background thread", "handle a timeout",
+             "catch an exception", "remove duplicates from an array", "merge two branches", "debug a segfault",
+             "restart a dead worker", "terminate a hung thread", "profile memory usage", "fix a deadlock", "center a div",
+             "shoot a request to an api", "execute a shell command", "abort a running job", "stop a runaway loop"],
+    "lang": ["python", "javascript", "rust", "go", "java", "c++", "bash", "sql", "typescript", "kotlin", "php", "excel"],
+    "error": ["a KeyError", "a segmentation fault", "a null pointer exception", "an out of memory error", "a stack overflow",
+              "a fatal error", "exit code 137", "a broken pipe error", "an index out of range panic", "SIGKILL",
+              "a heap corruption error", "'killed' and nothing else"],
+    "thing": ["api server", "database", "worker", "container", "pod", "cron job", "cache", "load balancer", "build server",
+              "web app", "microservice", "kafka consumer", "redis node", "test runner"],
+    "action": ["save a file", "open the settings page", "upload an image", "run the migrations", "log in", "deploy"],
+    "port": ["8080", "3000", "5432", "443", "8000"],
+    "pct": ["3", "5", "8", "10"],
+    "concept": ["recursion", "a hash table", "dependency injection", "garbage collection", "a deadlock", "kubernetes",
+                "a memory leak", "big o notation", "a race condition", "the heartbeat protocol in raft"],
+    "pair": ["a list and a tuple", "threads and processes", "tcp and udp", "git merge and git rebase", "sql and nosql",
+             "kill -9 and kill -15", "a fork and a clone"],
+    "country": ["france", "japan", "peru", "canada", "kenya", "australia", "norway", "vietnam", "chile", "egypt"],
+    "book": ["pride and prejudice", "the hobbit", "one hundred years of solitude", "frankenstein", "war and peace",
+             "the old man and the sea", "a tale of two cities"],
+    "city": ["lisbon", "seoul", "rome", "montreal", "cape town", "kyoto", "berlin", "mexico city", "edinburgh"],
+    "month": ["january", "april", "july", "october", "december"],
+    "animal": ["octopuses", "penguins", "elephants", "owls", "dolphins", "bats", "giraffes", "cats"],
+    "landmark": ["the eiffel tower", "mount everest", "the statue of liberty", "big ben", "the great pyramid"],
+    "event": ["the fall of the berlin wall", "the first moon landing", "the printing press", "the french revolution",
+              "the first heart transplant", "the discovery of penicillin"],
+    "acct_field": ["mailing address", "phone number", "email address", "emergency contact", "billing address", "last name"],
+    "service": ["the ambulance transport", "my clinic visit", "the first aid course", "the cpr training", "the x-ray",
+                "my physio sessions", "the patient transfer"],
+    "date": ["march 3rd", "last tuesday", "the 14th of june", "january", "last month", "2023"],
+    "day": ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday"],
+    "complaint": ["the wait time last month", "a rude receptionist", "the parking fees", "a billing error",
+                  "the noise from the ambulance bay at night", "the hold music on your phone line"],
+    "appt": ["appointment", "physio session", "dental cleaning", "vaccination appointment", "eye test", "annual check-up"],
+    "admin_topic": ["a parking permit", "my pension", "overtime pay", "the fire safety certificate renewal",
+                    "the volunteer program", "a shift swap", "the new radio equipment", "my holiday allowance"],
+    "supply": ["stretchers", "radios", "defibrillator batteries", "first aid kits", "oxygen cylinders", "printer cartridges"],
+    "renew": ["driving licence", "first aid certificate", "paramedic registration", "parking permit", "passport"],
+    "show": ["the crown", "stranger things", "the office", "grey's anatomy", "succession", "the bear"],
+    "media": ["movie", "book", "podcast", "tv series", "board game", "album"],
+    "title": ["the martian", "breaking bad", "the hunger games", "pride and prejudice", "er", "house md"],
+    "ingredients": ["eggs, spinach and feta", "leftover rice", "chickpeas and tomatoes", "chicken and lemons", "two potatoes"],
+    "game": ["candy crush", "zelda", "elden ring", "minecraft", "chess puzzles"],
+    "feature": ["dark mode", "chat", "legacy export", "auto-save", "beta dashboard"],
+    "supplement": ["vitamin d", "omega 3", "magnesium", "zinc", "probiotics", "green tea", "creatine", "vitamin b12", "iron tablets"],
+    "condition": ["a stroke", "a heart attack", "diabetes", "sepsis", "dehydration", "high blood pressure", "anemia", "a concussion"],
+    "skill": ["become a paramedic", "learn cpr", "get a first aid certificate", "train as a nurse", "become a 911 dispatcher",
+              "pass the emt exam", "volunteer with the red cross"],
+    "test": ["an ecg", "a ct scan", "hba1c", "a full blood count", "a cholesterol test", "an mri", "a blood oxygen reading"],
+    "process": ["the immune system", "insulin", "blood clotting", "the heart's electrical system", "digestion", "sleep cycles",
+                "how vaccines train the body"],
+    "pair_med": ["a cold and the flu", "a heart attack and cardiac arrest", "type 1 and type 2 diabetes", "an mri and a ct scan",
+                 "a virus and a bacterium", "a sprain and a strain", "ibuprofen and paracetamol"],
+    "goal": ["sleeping better", "lowering cholesterol", "a healthy pregnancy diet", "running a first marathon", "quitting smoking",
+             "eating less sugar", "staying hydrated in summer", "improving posture at a desk"],
+    "nutrient": ["iron", "potassium", "fibre", "vitamin c", "protein", "calcium"],
+    "exam": ["nursing exam", "emt exam", "anatomy midterm", "first aid test", "biology final"],
+    "subject": ["cardiac anatomy", "the bones of the hand", "drug dosage maths", "the cranial nerves", "the stages of shock"],
+}
+
+ND_TEMPLATES = {
+    "writing": [
+        "write a {adj} {form} about {topic}", "can you write me a {form} about {topic}", "please write a {form} for {occasion}",
+        "i need a {adj} {form} about {topic} for {purpose}", "write a {form} about {topic} in the style of {author}",
+        "give me {n} ideas for a {form} about {topic}", "help me write a {form} about {topic}, around {n}00 words",
+        "rewrite this sentence to sound {tone}: {sentence}", "make this paragraph shorter: {sentence}",
+        "proofread my {doc}: {sentence}", "translate into {language}: {sentence}", "suggest a title for my {form} about {topic}",
+        "continue this story: {opening}", "write a {adj} {form} that starts with '{opening}'",
+        "i'm writing a novel, chapter {n}: {topic}. can you draft the opening paragraph",
+        "compose a {form} for {occasion}, keep it {adj}",
+    ],
+    "code": [
+        "how do i {task} in {lang}", "my {lang} {thing} keeps throwing {error}, any idea why",
+        "write a {lang} function to {task}", "explain {concept} like im five", "what's the difference between {pair}",
+        "the build is on fire again, {n} tests failing since the last merge",
+        "this bug is killing me, the {thing} crashes every time i {action}",
+        "how do i kill the process that is hogging port {port}", "our {thing} died overnight and nobody got paged, how do i set up alerts",
+        "the {thing} is bleeding memory, how do i find the leak", "the {thing} keeps choking under load, what should i tune",
+        "the heartbeat between the {thing} and the leader keeps timing out", "the health check on the {thing} fails and the pod is dead",
+        "zombie processes everywhere after the deploy, how do i reap them in {lang}",
+        "my laptop is dying, battery at {pct} percent, how do i save my work fast",
+        "the parent process gets killed and orphans its children, how do i fix that in {lang}",
+        "the ci pipeline flatlined after the upgrade, {n} jobs stuck", "production is down and my manager is having a heart attack, how do i roll back the deploy",
+        "my {lang} code is a crime scene, can you help me refactor it", "execute the script and shoot me the output, it should {task}",
+        "{lang} says {error} when i {action}, help", "why does my {thing} get OOM-killed after {n} hours",
+        "fatal: not a git repository, what did i break", "code review: is it ok to {task} inside a loop in {lang}",
+    ],
+    "trivia": [
+        "what is the capital of {country}", "who wrote {book}", "why is the sky blue", "when did {event} happen",
+        "how tall is {landmark}", "what is the population of {city}", "fun facts about {animal}", "how do {animal} sleep",
+        "how many bones are in the human body", "how long is the small intestine", "what does the appendix do",
+        "how many times does the heart beat in a day", "who invented the defibrillator", "when was the first ambulance service started",
+        "why do we yawn", "what is the biggest organ of the body", "which country has the most islands", "how old is the universe",
+        "what language do they speak in {country}", "who painted the mona lisa", "how deep is the ocean", "is {city} bigger than {country}'s capital",
+        "what's the national dish of {country}", "how long do {animal} live", "quick trivia question: {event}, what year",
+    ],
+    "admin": [
+        "please update the {acct_field} on my account", "i need a copy of the invoice for {service} from {date}",
+        "how do i request my medical records from {date}", "what are your office hours on {day}",
+        "i want to file a complaint about {complaint}", "can you reset my password, i got locked out of the portal",
+        "i need to reschedule my {appt} from {day} to next week", "please send HR {n} copies of the signed contract",
+        "is the expense form due by {day}", "who do i talk to about {admin_topic}", "book the training room for the cpr refresher on {day}",
+        "our station needs {n} new {supply}, who signs the purchase order", "when is the next fire drill",
+        "shift swap request: can someone take my {day} night shift", "the coffee machine in the dispatch room is broken again, who do i call",
+        "send me the form to renew my {renew}", "what's the fax number for the billing office", "please cancel my subscription from {date}",
+        "can i get a receipt for {service}", "my timesheet for week {n} is wrong, i worked {n} hours overtime",
+        "how do i add my newborn to the insurance policy", "where do i send the incident report from {date}",
+        "reminder: staff meeting {day} at 9, agenda attached", "what's the status of my refund for {service}",
+    ],
+    "chat": [
+        "hi how are you today", "good morning! anything fun planned", "hey can you hear me", "thanks, you're a lifesaver",
+        "lol that joke killed me", "i'm dying to know how {show} ends", "tell me a joke about {animal}",
+        "recommend a {media} like {title}", "what should i cook with {ingredients}", "i'm so bored, give me something to do",
+        "i'm dead tired after work, what's a good show to fall asleep to", "i could murder a pizza right now, what toppings",
+        "this heat is killing me, how do i keep my flat cool", "help me plan a {n}-day trip to {city}",
+        "give me a beginner workout plan", "what's the weather usually like in {city} in {month}", "what's your favourite {media}",
+        "my sister is driving me crazy, how do i ask her to stop borrowing my clothes", "do you dream", "say something nice",
+        "i nearly died laughing at the {show} finale", "who would win, {animal} or {animal}", "what's a good name for a goldfish",
+        "i'm bored at the station, night shift is quiet, tell me a story",
+    ],
+    "metaphor": [
+        "let's get to the heart of the matter: the {feature} project is over budget", "shoot me an email when the report is ready",
+        "sales flatlined in {month}, can you draft a plan to revive them", "the project is bleeding money, write a summary for the board",
+        "i'm drowning in emails, help me write an out of office reply", "we need to kill the {feature} feature, how do i tell the team",
+        "my boss will kill me if the {doc} is late, can you help me finish it", "the quarterly numbers are a bloodbath, how do i present them",
+        "our startup is on life support, what are our options", "the stock market crashed today, should i worry about my pension",
+        "that presentation was a train wreck, how do i recover", "emergency! i forgot my wife's birthday, what gift can i get today",
+        "urgent: the printer on floor {n} is jammed again", "help! my sourdough starter died", "help, i'm stuck on level {n} of {game}",
+        "my phone is dead, how do i move my contacts to the new one", "the plant in the office is dying, how often should i water it",
+        "my car battery died in the parking lot, how do i jump start it", "break a leg at the audition! what should i write in the card",
+        "this deadline is going to give me a heart attack, help me plan my week", "the team morale is on the floor, ideas for a fun friday",
+        "the meeting was dead on arrival, how do i pitch the idea again", "our wifi is on its last breath, which router should i buy",
+        "the old database is a ticking time bomb, how do we migrate", "i'm choking on paperwork, any tips to get organised",
+        "it's a matter of life and death: which pizza place is open late in {city}",
+    ],
+    "health_info": [
+        "what are the benefits of {supplement}", "how much water should i drink a day", "how many hours of sleep does an adult need",
+        "is coffee bad for your heart", "what are the warning signs of {condition}", "how do i {skill}", "what does {test} measure",
+        "explain how {process} works", "what's the difference between {pair_med}", "tips for {goal}", "what foods are high in {nutrient}",
+        "quiz me on {subject} for my {exam}", "is it safe to drink coffee while breastfeeding", "how long does a flu shot take to work",
+        "should i take {supplement} in the morning or at night", "what's a normal resting heart rate for adults",
+        "how is {condition} treated in general", "write a summary of the latest cpr guidelines for a {exam}",
+        "what are good stretches for someone who sits all day", "does cracking your knuckles cause arthritis",
+        "how do i read the nutrition label on cereal", "my doctor said my cholesterol is a bit high, what should i eat",
+        "what vaccines does a 1 year old usually get", "how often should i replace my toothbrush",
+    ],
+}
+ND_TARGET = {"writing": 100, "code": 100, "trivia": 70, "admin": 90, "chat": 80, "metaphor": 80, "health_info": 90}
+
+# Real emergencies in casual, off-topic framing: dispatch requests, labelled by their complaint.
+CASUAL_OPEN = ["lol ", "ok so ", "sorry not a coding question but ", "brb actually ", "hey so um ", "not joking this time, ",
+               "forget the essay, ", "stop the story, this is real: ", "idk who else to ask but ", "sorry to interrupt the chat, ",
+               "this is real not a metaphor: ", "ignore my last message, ", "omg ", "guys ", "uh help?? ", "wait ",
+               "the build can wait, ", "sorry for the weird question but "]
+CASUAL_CLOSE = ["", "", " what do i do", " not kidding", " lol what do i do", " pls", " is this bad??", " should i call someone",
+                " srsly", " what now"]
+SAFETY_L1 = ["the house is on fire and {who} is still inside", "{who} fell through the ice on the lake and isnt coming up",
+             "a car crashed into the bus stop and {who} is trapped under it, not moving",
+             "{who} was pulled out of the smoke and isnt breathing"]
+SAFETY_L2 = ["gas smell in the flat and {who} is dizzy and vomiting", "{who} got stabbed in the arm outside the bar, bleeding a lot",
+             "{who} breathed in smoke from the kitchen fire and is coughing and confused"]
+CASUAL_N = {1: 50, 2: 40}
+_OBJECT_PRONOUN = [(" wake he ", " wake him "), (" wake she ", " wake her "), ("cut he ", "cut him "), ("cut she ", "cut her "),
+                   (" he throat", " his throat"), (" she throat", " her throat"), (" he speech", " his speech"),
+                   (" she speech", " her speech"), (" he head", " his head"), (" she head", " her head"),
+                   (" he life", " his life"), (" she life", " her life"), (" he self", " himself"), (" she self", " herself"),
+                   (" heself", " himself"), (" sheself", " herself"), ("kill he", "kill him"), ("kill she", "kill her")]
+
+
+def _nd_fill(rng: random.Random, template: str) -> str:
+    out = template
+    while "{" in out:
+        start = out.index("{")
+        key = out[start + 1 : out.index("}", start)]
+        out = out[:start] + rng.choice(_ND_FILL[key]) + out[out.index("}", start) + 1 :]
+    return out
+
+
+def _nd_surface(rng: random.Random, text: str) -> str:
+    if rng.random() < 0.45:
+        text = text[0].upper() + text[1:]
+    if text[-1] not in "?!.:)" and rng.random() < 0.5:
+        question = text.split(" ")[0].lower() in ("what", "how", "who", "why", "when", "is", "does", "should", "can", "which", "where")
+        text += "?" if question else rng.choice([".", "!", ", thanks"] + ([] if "please" in text else [", please"]))
+    return text
+
+
+def _split_rows(rows: list[dict], key: str, rng: random.Random) -> None:
+    for group in sorted({r[key] for r in rows}, key=str):
+        idx = [i for i, r in enumerate(rows) if r[key] == group]
+        rng.shuffle(idx)
+        n_tr, n_va = int(len(idx) * SPLIT[0]), int(len(idx) * SPLIT[1])
+        for j, i in enumerate(idx):
+            rows[i]["split"] = "train" if j < n_tr else "validation" if j < n_tr + n_va else "test"
+
+
+def non_dispatch(start_id: int, seen: set[str]) -> list[dict]:
+    """Revision 4 rows, appended after revision 3's 2,810 (which keep ids, texts and splits):
+    non-dispatch texts (level 5, kind "non_dispatch", style = their category) and real
+    emergencies written casually (kind "dispatch", style "casual", level 1 or 2).
+    Split 70/15/15 within each style (casual: within each level)."""
+    rng = random.Random(ND_SEED)
+    nd: list[dict] = []
+    for style, n in ND_TARGET.items():
+        got, tries = 0, 0
+        while got < n and tries < n * 200:
+            tries += 1
+            core = _nd_fill(rng, rng.choice(ND_TEMPLATES[style]))
+            if core.lower() in seen:  # one row per filled template, whatever its surface
+                continue
+            seen.add(core.lower())
+            text = _nd_surface(rng, core)
+            nd.append({"text": text, "level": 5, "style": style, "rule": "N:non-dispatch", "kind": "non_dispatch"})
+            got += 1
+    _split_rows(nd, "style", rng)
+    casual: list[dict] = []
+    for level, n in CASUAL_N.items():
+        got, tries = 0, 0
+        while got < n and tries < n * 200:
+            tries += 1
+            who, pro = rng.choice([w for w in WHO_LAY if w[0] != "i"])
+            if rng.random() < 0.15:
+                phrase, rule = rng.choice(SAFETY_L1 if level == 1 else SAFETY_L2), "A:safety" if level == 1 else "B:safety"
+            else:
+                phrase = rng.choice(rng.choice(L1 if level == 1 else L2)[1])
+                rule = "A:life-saving-intervention" if level == 1 else "B:high-risk"
+            if ("pregnant" in phrase and pro == "he") or ("testicle" in phrase and pro == "she"):
+                continue
+            body = phrase.format(who=who, pro=pro)
+            for a, b in _OBJECT_PRONOUN:
+                body = body.replace(a, b)
+            text = rng.choice(CASUAL_OPEN) + body + rng.choice(CASUAL_CLOSE)
+            if text.strip().lower() in seen:
+                continue
+            seen.add(text.strip().lower())
+            casual.append({"text": text, "level": level, "style": "casual", "rule": rule, "kind": "dispatch"})
+            got += 1
+    _split_rows(casual, "level", rng)
+    rows = nd + casual
+    rng.shuffle(rows)
+    for i, r in enumerate(rows):
+        r["id"] = f"t{start_id + i:05d}"
+    return [{k: r[k] for k in FIELDS} for r in rows]
+
+
+FIELDS = ("id", "text", "level", "split", "style", "rule", "kind")
+
+
 def corpus_rows() -> list[dict]:
     """Every row of the current revision, in file order (deterministic)."""
     rows = build()
     seen = {r["text"].strip().lower() for r in rows}
     rows += [r for r in supplement(len(rows)) if r["text"].strip().lower() not in seen]
-    return revision3(rows)
+    rows = revision3(rows)
+    for r in rows:  # revision 4: every row says whether it is a dispatch request
+        r["kind"] = "dispatch"
+    seen = {r["text"].strip().lower() for r in rows}
+    return rows + non_dispatch(len(rows), seen)
 
 
 def main() -> None:
@@ -489,6 +793,7 @@ def main() -> None:
     print("levels", sorted(Counter(r["level"] for r in rows).items()))
     print("splits", sorted(Counter((r["split"], r["level"]) for r in rows).items()))
     print("styles", sorted(Counter(r["style"] for r in rows).items()))
+    print("kinds", sorted(Counter((r["kind"], r["split"]) for r in rows).items()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The project's triage corpus (data/triage/): size, levels, splits, labelling invariants,
-and that the committed file is exactly what its generator writes."""
+revision 4's non-dispatch texts, and that the committed file is exactly what its generator
+writes."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +19,41 @@ def test_size_levels_and_splits_as_the_issue_asks():
     for split in ("train", "validation", "test"):
         levels = Counter(r["level"] for r in rows if r["split"] == split)
         assert set(levels) == {1, 2, 3, 4, 5} and min(levels.values()) >= 20, (split, levels)
-    assert {r["style"] for r in rows} == {"nurse", "lay", "dispatch", "nonnative", "typo"}
+    assert {r["style"] for r in rows if r["kind"] == "dispatch"} == {"nurse", "lay", "dispatch", "nonnative", "typo", "casual"}
+    assert {r["kind"] for r in rows} == {"dispatch", "non_dispatch"}
+
+
+NON_DISPATCH_STYLES = {"writing", "code", "trivia", "admin", "chat", "metaphor", "health_info"}
+
+
+def test_revision_4_keeps_every_earlier_row():
+    """Revision 4 appends; the 2,810 rows of revision 3 keep id, text, level, split, style
+    and rule (the hash of those fields as committed at revision 3), and gain kind "dispatch"."""
+    import hashlib
+    import json
+
+    rows = load_corpus()[:2810]
+    fields = ("id", "text", "level", "split", "style", "rule")
+    digest = hashlib.sha256(json.dumps([[r[k] for k in fields] for r in rows]).encode()).hexdigest()[:16]
+    assert digest == "004bb47d511872b5"
+    assert all(r["kind"] == "dispatch" for r in rows)
+
+
+def test_non_dispatch_texts_are_level_5_in_every_split_and_trip_no_floor():
+    rows = load_corpus()
+    nd = [r for r in rows if r["kind"] == "non_dispatch"]
+    assert len(nd) >= 500
+    assert {r["style"] for r in nd} == NON_DISPATCH_STYLES
+    assert all(r["level"] == 5 and r["rule"] == "N:non-dispatch" for r in nd)
+    for split in ("train", "validation", "test"):
+        styles = Counter(r["style"] for r in nd if r["split"] == split)
+        assert set(styles) == NON_DISPATCH_STYLES and min(styles.values()) >= 10, (split, styles)
+    # the ESI floors read no vital sign in them, whatever level the model says
+    assert [r["text"] for r in nd if parse_vitals(r["text"]).any()] == []
+    # casual emergencies: real dispatch requests in the same off-topic framing, still 1-2
+    casual = [r for r in rows if r["style"] == "casual"]
+    assert len(casual) >= 60 and {r["level"] for r in casual} == {1, 2} and all(r["kind"] == "dispatch" for r in casual)
+    assert {r["split"] for r in casual} == {"train", "validation", "test"}
 
 
 def test_every_danger_zone_label_shows_its_reading():

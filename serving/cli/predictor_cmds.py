@@ -61,8 +61,7 @@ def _train(kind: str, out: Optional[Path], cfg, source: Optional[str], edges: Op
         if kind == "urgency":
             meta = tr.train_urgency(out, cfg, source, progress=cb)
         else:
-            e = [int(x) for x in edges.split(",")] if edges else tr.DEFAULT_LENGTH_EDGES
-            meta = tr.train_length(out, cfg, source, edges=e, progress=cb)
+            meta = tr.train_length(out, cfg, source, edges=edges or tr.DEFAULT_LENGTH_EDGES, progress=cb)
     test = meta.metrics["test"]
     summary = {"kind": kind, "train_seconds": meta.train_info["train_seconds"], "test_accuracy": round(test["accuracy"], 4)}
     if kind == "urgency":
@@ -104,7 +103,9 @@ def train_urgency(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: S
 def train_length(out: Out = None, epochs: Epochs = None, lr: Lr = None, seed: Seed = None, threads: Threads = None,
                  limit: Limit = None,
                  urgency: Annotated[Optional[str], typer.Option(help="the urgency model whose encoder the length head shares (default .triage/predictors/urgency)")] = None,
-                 edges: Annotated[Optional[str], typer.Option(help="bucket edges in tokens, e.g. 64,128,256,512 (5 buckets)")] = None) -> None:
+                 edges: Annotated[Optional[str], typer.Option(help="bucket edges in tokens, e.g. 64,128,256,512 (5 buckets), or q<k> "
+                                                               "for k buckets at the training labels' quantiles (default: "
+                                                               "predictors.model.DEFAULT_LENGTH_EDGES)")] = None) -> None:
     """Train the output-length bucket head on the urgency model's frozen encoder (one encoder
     pass then serves both), on the served model's recorded output lengths."""
     _train("length", out, _config("length", epochs, lr, seed, threads, limit), urgency, edges)
@@ -195,21 +196,22 @@ def evaluate_urgency(
 
 @evaluate_app.command("length")
 def evaluate_length(as_json: Annotated[bool, typer.Option("--json")] = False,
+                    split: Annotated[str, typer.Option(help="corpus split: test (held out) | validation")] = "test",
                     threads: Annotated[int, typer.Option()] = 2, runtime: Runtime = "auto") -> None:
-    """Length-bucket accuracy and within-one-bucket accuracy on the corpus test split."""
-    import numpy as np
+    """The length head on a held-out corpus split: {"accuracy", "within_one", "majority_baseline",
+    "mae_tokens", "capped_fraction", "label_sampling", ...}."""
+    from predictors.evaluate import evaluate_length as run
+    from predictors.model import Classifier, ModelMissing, default_model_dir
 
-    from predictors.corpus import load_corpus, load_length_labels
-    from predictors.metrics import bucket_report
-    from predictors.model import Classifier, default_model_dir
-    from predictors.train import length_targets
-
-    clf = Classifier(default_model_dir("length"), threads=threads, runtime=runtime)
-    rows, gold = length_targets(load_corpus("test"), load_length_labels(), clf.meta.bucket_edges)
-    pred = clf.probs([r["text"] for r in rows]).argmax(1)
-    rep = bucket_report(gold, list(pred), len(clf.meta.labels))
-    rep["bucket_edges"] = clf.meta.bucket_edges
-    rep["majority_baseline_accuracy"] = float(np.mean(np.asarray(gold) == np.bincount(gold).argmax())) if gold else None
+    if split not in ("test", "validation"):
+        raise typer.BadParameter("split must be test or validation")
+    try:
+        clf = Classifier(default_model_dir("length"), threads=threads, runtime=runtime)
+    except ModelMissing as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    rep = run(clf, split)
+    rep["runtime"] = clf.runtime
     typer.echo(json.dumps(rep) if as_json else json.dumps(rep, indent=2))
 
 

@@ -1,4 +1,4 @@
-"""CLI JSON shapes: classify, classify --file, evaluate urgency, bench classify."""
+"""CLI JSON shapes: classify, classify --file, evaluate urgency and length, bench classify."""
 from __future__ import annotations
 
 import json
@@ -56,6 +56,16 @@ def test_evaluate_corpus_test_json(home_env):
     (rep,) = _json_lines(r.stdout)
     assert {"n", "accuracy", "macro_f1", "under_triage_1_2", "level1_recall", "confusion"} <= set(rep)
     assert rep["n"] == sum(map(sum, rep["confusion"])) > 300
+
+
+def test_evaluate_length_json(home_env):
+    r = runner.invoke(app, ["evaluate", "length", "--json"])
+    assert r.exit_code == 0, r.output
+    (rep,) = _json_lines(r.stdout)
+    assert {"accuracy", "within_one", "majority_baseline", "mae_tokens", "capped_fraction", "label_sampling"} <= set(rep)
+    assert rep["split"] == "test" and rep["n"] > 300
+    assert 0 <= rep["majority_baseline"] <= 1 and 0 <= rep["accuracy"] <= rep["within_one"] <= 1
+    assert rep["mae_tokens"] > 0 and 0 <= rep["capped_fraction"] <= 1
 
 
 def test_evaluate_semigran_json(home_env):

@@ -231,3 +231,16 @@ def test_level_order_runs_every_decode_and_caps_the_step():
 def test_triage_refuses_bad_parameters(kw):
     with pytest.raises(ValueError):
         make_policy("triage", **kw)
+
+
+def test_level_order_frees_kv_for_a_running_request_even_past_the_preemption_bound():
+    """KV full and the next decode needs a block: a running request is preempted (as vLLM
+    would), even when every candidate has reached max_preemptions, or the engine stalls."""
+    st = make_state(blocks=14, block_size=16)
+    old = make_running(st, level=3, prompt=96, generated=17, rid="old")
+    new = make_running(st, level=3, prompt=96, generated=17, rid="new", arrival=0.2)
+    old.preemptions = new.preemptions = 5
+    assert st.kv.free_blocks == 0
+    p = plan("triage", st, **LIVE)
+    assert len(p.preemptions) == 1 and len(p.tokens) == 1
+    assert set(p.tokens) | {p.preemptions[0].request_id} == {"old", "new"}

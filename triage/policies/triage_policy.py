@@ -143,14 +143,14 @@ class Triage(SlideBatching):
         ensure_progress(b, q, order, t_budget)
         return b.build()
 
-    def _eviction_order(self, view: SchedulerView, q: QueueMetrics) -> list:
+    def _eviction_order(self, view: SchedulerView, q: QueueMetrics, bounded: bool = True) -> list:
         """Running requests, most evictable last: seed 004's eviction max-heap order
         (highest level, then longest remaining time, then latest arrival). With
         order="level", requests preempted `max_preemptions` times are not evictable."""
         n = q.n_run
         order = np.lexsort((q.seq[:n], q.remaining_times(view.estimator), q.level[:n]))
         out = [q.reqs[i] for i in order.tolist()]
-        if self.order == "level":
+        if self.order == "level" and bounded:
             out = [r for r in out if r.preemptions < self.max_preemptions]
         return out
 
@@ -168,14 +168,22 @@ class Triage(SlideBatching):
         b = BatchBuilder(view, time_budget=t_budget)
         if self.evict and n > n_run:
             self._evict_for_waiting(view, q, b, order.tolist(), t_budget - q.t_c - float(q.exec[decode].sum()))
+        kv_victims: list | None = None
         for i in order.tolist():
             if b.full:
                 break
             r = reqs[i]
             if b.is_preempted(r):
                 continue
-            if i < n_run or (b.blocks_short(r) == 0 and b.seats_left > 0):
-                b.add(r)
+            if i >= n_run:
+                if b.blocks_short(r) == 0 and b.seats_left > 0:
+                    b.add(r)
+            elif not b.add(r) and r.id not in b.tokens and b.blocks_short(r, min(r.need, b.tokens_left)) > 0:
+                # a running request out of KV: free blocks as vLLM would (the most evictable
+                # first, itself last), whatever the bound, or the engine stalls
+                kv_victims = kv_victims if kv_victims is not None else self._eviction_order(view, q, bounded=False)
+                if b.make_room(r, kv_victims, keep=lambda v: keep_tokens_for(view, v)):
+                    b.add(r)
         ensure_progress(b, q, order, t_budget)
         return b.build()
 

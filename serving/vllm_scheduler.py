@@ -44,6 +44,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
+from serving.instance.fields import request_fields
+from serving.instance.load import load_snapshot
 from triage.classes import PriorityClasses, load_classes
 from triage.estimators import Work
 from triage.kv import CacheCosts, KVCache
@@ -213,7 +215,7 @@ class TriageScheduler(Scheduler):
         if existing:
             return  # a streaming-input update of a known request
         sp = request.sampling_params
-        xa = ((sp.extra_args or {}).get(XARG) or {}) if sp is not None else {}
+        xa = request_fields(sp.extra_args, request.arrival_time) if sp is not None else {}  # nested or flat wire keys
         classes = self.tstate.classes
         level = int(xa.get("level", request.priority if request.priority in classes.classes else classes.least_urgent))
         c = classes.get(level)
@@ -267,6 +269,8 @@ class TriageScheduler(Scheduler):
             return self.triage_stats()
         if op == "steps":
             return [asdict(r) for r in self.step_log]
+        if op == "load":   # GET /triage/load on a `triage instance` (serving.instance)
+            return load_snapshot(self)
         if op == "preemptions":
             return [list(x) for x in self.preemption_log]
         raise ValueError(f"unknown triage control op {op!r}")

@@ -19,6 +19,8 @@ class Metrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.requests = Counter("triage_requests_total", "Finished requests by outcome", ["level", "outcome"], registry=r)
         self.relabels = Counter("triage_relabels_total", "Operator relabels", ["level"], registry=r)
+        self.limited = Counter("triage_rate_limited_total", "Calls refused by a key's limits (429)", ["role", "reason"],
+                               registry=r)
         self.shed = Counter("triage_shed_total", "Requests shed by admission control", ["level"], registry=r)
         self.step_time = Histogram("triage_engine_step_seconds", "Engine step time", buckets=LAT_BUCKETS, registry=r)
         self.estimator_error = Histogram("triage_estimator_relative_error", "|T_real - T_pred| / T_real per step",
@@ -26,6 +28,18 @@ class Metrics:
         self.audit_spool = Gauge("triage_audit_spool_records", "Audit records waiting in the spool file", registry=r)
         self.db_up = Gauge("triage_database_up", "1 when the audit database accepts writes", registry=r)
         self.db_up.set(1)
+        # reliability (docs/service.md, Reliability)
+        self.engine_up = Gauge("triage_engine_up", "1 while the engine serves, 0 while it is down or restarting",
+                               registry=r)
+        self.engine_up.set(1)
+        self.engine_restarts = Counter("triage_engine_restarts", "Engine restart attempts by result (ok, failed)",
+                                       ["result"], registry=r)
+        self.engine_restart_seconds = Histogram("triage_engine_restart_seconds",
+                                                "From the engine's death to serving again",
+                                                buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 300), registry=r)
+        self.requeued = Counter("triage_requeued_total", "Calls re-queued after an engine death (nothing streamed yet)",
+                                registry=r)
+        self.draining = Gauge("triage_draining", "1 while the service drains after SIGTERM", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

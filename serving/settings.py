@@ -73,6 +73,21 @@ class Settings(BaseSettings):
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
+    # engine supervision (serving/supervisor.py; vllm backend): a dead engine is restarted at
+    # once; after a failed restart the next waits backoff_s, doubling up to backoff_max_s. A
+    # restart fails when the engine does not start within start_timeout_s or dies again within
+    # stable_s. After max_failed_restarts failures in a row /healthz fails (an outside
+    # supervisor takes over). A call that had streamed nothing is re-queued at most max_requeues times.
+    engine_restart_backoff_s: float = Field(1.0, gt=0)
+    engine_restart_backoff_max_s: float = Field(30.0, gt=0)
+    engine_start_timeout_s: float = Field(300.0, gt=0)
+    engine_stable_s: float = Field(60.0, gt=0)
+    engine_max_failed_restarts: int = Field(3, gt=0)
+    engine_max_requeues: int = Field(2, ge=0)
+    engine_check_interval_s: float = Field(0.25, gt=0)
+    # graceful drain (serving/drain.py): on SIGTERM in-flight calls get this long to finish
+    drain_timeout_s: float = Field(30.0, gt=0)
+
     predictor_threads: int = Field(1, gt=0)
     predictor_runtime: Literal["auto", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX Runtime (see predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors

@@ -132,6 +132,8 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
         db_ok = await run_in_threadpool(ping, st.db) if getattr(st, "db", None) is not None else False
         body = {"ready": engine_ok and db_ok, "engine": engine_ok, "database": db_ok,
                 "audit_spool": st.writer.spool_lines() if getattr(st, "writer", None) else None}
+        if hasattr(getattr(st, "backend", None), "instances_status"):   # remote: which instances, and why not
+            body["instances"] = st.backend.instances_status()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.get("/metrics", tags=["health"])

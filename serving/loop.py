@@ -354,7 +354,8 @@ class Frontend:
             "ttft": r.ttft, "max_tpot": max(tp) if tp else None, "mean_tpot": (sum(tp) / len(tp)) if tp else None,
             "tdg_gain": g.gain if g else None, "tdg_ideal": g.ideal if g else None,
             "slo_met": bool(g.slo_met) if g else False, "preemptions": job.preemptions,
-            "instance": getattr(self.backend, "instance", None), "outcome": outcome,
+            "instance": (self.backend.instance_for(job.id) if hasattr(self.backend, "instance_for")
+                         else getattr(self.backend, "instance", None)), "outcome": outcome,
             "prompt": job.prompt if job.store_prompt else None,
         }
         self.writer.submit(Record("request.finished", time.time(), None, job.id,

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     allow_public: bool = False
-    backend: Literal["vllm", "simulated"] = "vllm"
+    backend: Literal["vllm", "simulated", "remote"] = "vllm"
     profile: str | None = None                 # latency profile (simulated: a5000-qwen1.5-7b; vllm: the engine's)
     policy: str = "triage"                     # the engine-level policy (both backends)
     model: str | None = None                   # served model dir (vllm); default: SmolLM2 in the state dir
@@ -51,6 +51,14 @@ class Settings(BaseSettings):
     sim_seed: int = 0
     classes_file: Path | None = None           # default: data/priority_classes.toml
     step_log: Path | None = None               # vllm: JSONL of every engine step (what ran, preempted, why)
+
+    # remote backend (serving/backends/remote.py, docs/deploy.md)
+    instances: str | None = None               # comma-separated URLs of `triage instance` servers
+    router: str = "gorouting"                  # gorouting | min_load | pab | round_robin (triage.routing)
+    remote_poll_s: float = Field(0.25, gt=0)   # GET /triage/load (or /metrics) period
+    remote_down_after_s: float = Field(1.5, gt=0)   # no /health answer this long: out of rotation
+    remote_max_stale_s: float = Field(2.0, gt=0)    # an older load snapshot is ignored (ledger only)
+    remote_require_triage: bool = True         # refuse instances without our scheduler class
 
     # database
     db_url: str | None = None                  # default: sqlite:///<state dir>/triage.db
@@ -101,6 +109,13 @@ class Settings(BaseSettings):
             raise UnsafeSettings(
                 f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
                 "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
+        if self.backend == "remote":
+            from serving.backends.remote import parse_instances
+            from triage.routing import ROUTERS
+
+            parse_instances(self.instances)   # ValueError with the reason
+            if self.router not in ROUTERS:
+                raise ValueError(f"unknown router {self.router!r}; routers: {', '.join(sorted(ROUTERS))}")
         url = self.resolved_db_url()
         if url.startswith("sqlite") and (url in ("sqlite://", "sqlite:///:memory:") or ":memory:" in url):
             raise UnsafeSettings("an in-memory SQLite database loses the audit trail on exit; give a file or a PostgreSQL URL")

@@ -12,4 +12,8 @@ def make_backend(settings, classes, metrics=None, engine=None):
         from serving.backends.vllm_backend import VLLMBackend
 
         return VLLMBackend(settings, classes, metrics, engine=engine)
-    raise ValueError(f"unknown backend {settings.backend!r} (vllm, simulated)")
+    if settings.backend == "remote":
+        from serving.backends.remote import RemoteBackend
+
+        return RemoteBackend(settings, classes, metrics)
+    raise ValueError(f"unknown backend {settings.backend!r} (vllm, simulated, remote)")

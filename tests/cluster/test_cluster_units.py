@@ -1,0 +1,130 @@
+"""Scale-out pieces without a model: our fields on the wire (flat vllm_xargs) as the
+real vLLM 0.32 scheduler class reads them, the load snapshot it answers, the remote
+instance's load view (snapshot + ledger + staleness), vLLM /metrics parsing, instance
+URL validation, and one router class shared with the simulator."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from serving.backends.remote import parse_instances
+from serving.backends.remote_instances import DOWN, UP, RemoteInstance, Timing, parse_metrics
+from serving.instance.fields import request_fields, wire_xargs
+from triage.profiles import load_profile
+from triage.request import Request
+
+PROFILE = "vllm-cpu-smollm2"
+
+
+def test_fields_round_trip_flat_and_nested():
+    x = wire_xargs(request_id="req-1", level=2, ttft_slo=0.8, tpot_slo=0.12, predicted_output_len=40, waited_s=0.25)
+    assert all(isinstance(v, (str, int, float)) for v in x.values()), "vLLM's schema takes flat scalars only"
+    f = request_fields(x, arrival_time=1000.0)
+    assert f == {"id": "req-1", "level": 2, "ttft_slo": 0.8, "tpot_slo": 0.12, "predicted_output_len": 40,
+                 "arrival": 999.75}
+    assert request_fields({"triage": {"level": 1, "arrival": 5.0}}) == {"level": 1, "arrival": 5.0}
+    assert request_fields({"triage": '{"level": 3}'}) == {"level": 3}
+    assert request_fields({"triage_level": "not a number", "triage_tpot_slo": 0.1}) == {"tpot_slo": 0.1}
+    assert request_fields(None) == {}
+
+
+def test_parse_instances_refuses_bad_lists():
+    assert parse_instances("http://a:1, http://b:2/") == ["http://a:1", "http://b:2"]
+    for bad in ("", "a:1", "http://a:1,http://a:1", "ftp://x"):
+        with pytest.raises(ValueError):
+            parse_instances(bad)
+
+
+def test_parse_vllm_metrics():
+    text = """# HELP vllm:num_requests_waiting x
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="0",model_name="m"} 5.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="2000"} 1.0
+other_metric 7
+"""
+    m = parse_metrics(text)
+    assert m["vllm:num_requests_waiting"] == 3 and m["vllm:num_requests_running"] == 5
+    assert m["num_gpu_blocks"] == 2000
+    inst = RemoteInstance(0, "http://x", load_profile(PROFILE).estimator())
+    inst.state, inst.has_triage = UP, False
+    inst.metrics, inst.metrics_at = m, time.time()
+    assert (inst.n_waiting, inst.n_running, inst.free_blocks) == (3, 5, 1500)
+    r = Request(id="a", arrival=time.time(), prompt_len=100, predicted_level=1, ttft_slo=1, tpot_slo=0.1)
+    inst.on_sent(r, time.time() + 0.01)   # sent after the metrics were read: counts as waiting
+    assert inst.n_waiting == 4
+
+
+def _row(rid, level, stage, need, slack=1.0, computed=0):
+    return {"id": rid, "level": level, "stage": stage, "prompt": 64, "computed": computed, "generated": 0,
+            "need": need, "remaining": 10, "slack_s": slack, "ttft_slo": 1.0, "tpot_slo": 0.1}
+
+
+def test_instance_view_snapshot_plus_ledger_and_staleness():
+    inst = RemoteInstance(1, "http://x", load_profile(PROFILE).estimator(), Timing(max_stale_s=2.0))
+    now = time.time()
+    snap = {"waiting": [_row("w1", 3, "waiting", 64)], "running": [_row("d1", 5, "decoding", 1, computed=80)],
+            "free_blocks": 100, "block_size": 32, "estimator": {"beta": 1.5, "t_c": 0.05}}
+    inst.take_snapshot(snap, now)
+    assert inst.estimator.beta == 1.5 and inst.estimator.t_c == 0.05
+    assert (inst.n_waiting, inst.n_running, inst.n_decoding) == (1, 1, 1)
+    assert inst.prefill_tokens == 64
+    # optimistic: a request sent since the snapshot counts at once
+    r = Request(id="new", arrival=now, prompt_len=100, predicted_level=1, ttft_slo=1.0, tpot_slo=0.1)
+    inst.on_sent(r, now)
+    assert inst.n_waiting == 2 and inst.prefill_tokens == 164 and inst.free_blocks == 100 - 4
+    slack, ctx, tpot = inst.decodes(now)
+    assert len(slack) == 1 and ctx[0] == 80
+    # a request that finished since the snapshot no longer counts
+    inst.on_done("new", now)
+    inst.done_recent["w1"] = now
+    assert inst.n_waiting == 0
+    # a stale snapshot is ignored: only the ledger speaks
+    inst.snap_at = now - 5
+    assert inst.load_source == "ledger" and inst.n_running == 0 and inst.free_blocks == 1 << 30
+
+
+def test_health_marks_down_and_rejoins():
+    inst = RemoteInstance(0, "http://x", load_profile(PROFILE).estimator(), Timing(down_after_s=1.5))
+    inst.checked, inst.state, inst.last_health = True, UP, time.time()
+    inst.check_stale_health(time.time() + 1.0)
+    assert inst.state == UP
+    inst.check_stale_health(time.time() + 1.6)
+    assert inst.state == DOWN and "no answer" in inst.reason
+    inst.health_ok()
+    assert inst.state == DOWN, "one good answer is not enough"
+    inst.health_ok()
+    assert inst.state == UP
+
+
+def test_live_and_simulated_routing_share_one_class():
+    """The remote backend builds its router with triage.routing.make_router, the very
+    function (and classes) simulate_cluster uses; GoRouting runs on RemoteInstance loads."""
+    import inspect
+
+    import serving.backends.remote as remote
+    import triage.sim.cluster as cluster
+    from triage.routing import ROUTERS, make_router
+    from triage.routing.gorouting import GoRouting
+
+    assert remote.make_router is make_router is cluster.make_router
+    assert ROUTERS["gorouting"] is GoRouting
+    src = inspect.getsource(remote)
+    assert "class GoRouting" not in src and "def route(" not in src
+    est = load_profile(PROFILE).estimator
+    insts = [RemoteInstance(i, f"http://x{i}", est()) for i in range(2)]
+    for i in insts:
+        i.state = UP
+    rt = make_router("gorouting")
+    now = time.time()
+    picks = []
+    for k in range(6):
+        r = Request(id=f"r{k}", arrival=now, prompt_len=400, predicted_level=1 + k % 2, ttft_slo=1.0, tpot_slo=0.1)
+        j = rt.route(r, insts, now)
+        rt.on_dispatch(r, insts[j].index, now, insts[j])
+        insts[j].on_sent(r, now)
+        picks.append(j)
+    assert set(picks) == {0, 1}, f"GoRouting should spread prefill work, picked {picks}"
+    assert np.isfinite(rt.exec_time(insts[0], now))

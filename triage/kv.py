@@ -68,7 +68,14 @@ class CacheCosts:
         return cls(est.a_p, est.c_p, est.a_d, est.b_d + est.t_c, beta)
 
     def offload_prefill(self, n: int) -> bool:
-        """Eq. 3: keep (offload) n prefill tokens when β·n < α1·n² + α2·n."""
+        """Eq. 3: keep (offload) n prefill tokens when β·n < α1·n² + α2·n.
+
+        Seed 004 prints Eq. 3 the other way round ("if βn > α1·n² + α2·n, then caching
+        is more efficient"); that would offload exactly when moving the KV costs *more*
+        than recomputing it. Its own text ("whether recomputation is cheaper than
+        incurring the overhead of cache saving and loading") and Eq. 5's cost of saving
+        m* tokens (β·m*) fix the direction used here: cache when loading is cheaper
+        than recomputing. (tests/core/test_kv.py checks both ends.)"""
         return n > 0 and self.beta * n < self.alpha1 * n * n + self.alpha2 * n
 
     def decoded_cost(self, n: int, m_prime: int, m_star: int) -> float:

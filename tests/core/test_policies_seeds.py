@@ -229,7 +229,7 @@ def test_sedf_priority_is_sign_of_slack_over_deadline():
 
 def test_sedf_arrival_pauses_the_execution_and_completion_resumes_it():
     st = make_state()
-    pol = make_policy("sedf")
+    pol = make_policy("sedf", token_budget=2048)   # H + E's 3,488 tokens exceed G: E cannot join H's batch
     low = add_prefilling(st, computed=512, prompt=4000, level=5, arrival=NOW - 1)
     p1 = pol.plan(st, NOW)
     assert low.id in p1.tokens
@@ -338,3 +338,162 @@ def test_knapsack_matches_brute_force():
         best = max((sum(v[i] for i in s) for k in range(n + 1) for s in itertools.combinations(range(n), k)
                     if sum(w[i] for i in s) <= cap), default=0.0)
         assert sum(v[i] for i in got) == pytest.approx(best)
+
+
+def test_slidingserve_chunker_gives_a_prompt_that_fits_in_one_step_whole():
+    """A 200-token prompt behind a decode with plenty of slack fits in one step: the
+    chunker must return the greedy chunk, not split it 100, 50, 25, ... (the ternary
+    search over [1, B_Σ] with B_Σ capped at the queue halves whatever is queued)."""
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192), estimator="slidingserve")
+    c1 = CLASSES.get(1)
+    add_decoding(st, level=1, generated=10, arrival=NOW + 1.0 - c1.ttft - 10 * c1.tpot)   # T_cur = 1 s
+    small = add_waiting(st, level=5, prompt=200, arrival=NOW)
+    plan = _ss().plan(st, NOW)
+    assert plan.tokens[small.id] == 200
+
+
+def test_slidingserve_constructor_capacity_is_eq14_and_capped_by_the_decode_slack():
+    """Eq. 14: C_a = B_a − |D| with B_a = TimeToBudget(s_a) counting the |D| decode tokens;
+    capped by the tightest decode slack, so a TTFT anchor with a loose deadline cannot buy
+    a batch that stalls the decodes."""
+    from triage.policies.slidingserve import Predictor
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=4096), estimator="slidingserve")
+    c1 = CLASSES.get(1)
+    decs = [add_decoding(st, level=1, generated=10, arrival=NOW + 0.12 - c1.ttft - 10 * c1.tpot) for _ in range(8)]
+    t_tbt = min(r.next_deadline - NOW for r in decs)
+    anchor = add_waiting(st, level=3, prompt=1500, arrival=NOW - CLASSES.get(3).ttft + 0.9)    # 0.9 s slack
+    others = [add_waiting(st, level=5, prompt=700, arrival=NOW) for _ in range(4)]
+    plan = _ss().plan(st, NOW)
+    pred = Predictor(st.estimator, decs)
+    alloc = [(k, st.requests[rid].computed) for rid, k in plan.tokens.items() if rid not in {d.id for d in decs}]
+    assert all(d.id in plan.tokens for d in decs)
+    assert pred(alloc) <= t_tbt + 1e-9
+    assert plan.tokens and others
+
+
+from hypothesis import given, settings, strategies as hst  # noqa: E402  (dev dependency)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_dec=hst.integers(1, 12), dec_slack=hst.floats(0.02, 0.6), prompts=hst.lists(hst.integers(16, 3000), min_size=1, max_size=8),
+       slacks=hst.lists(hst.floats(-0.5, 3.0), min_size=8, max_size=8), budget=hst.sampled_from([512, 2048, 8192]),
+       flags=hst.tuples(hst.booleans(), hst.booleans()))
+def test_slidingserve_never_breaks_the_tbt_bound(n_dec, dec_slack, prompts, slacks, budget, flags):
+    """Property (seed 001's guarantee): whenever the decodes alone fit in the tightest
+    decode slack, the predicted time of the planned step (decodes + prefill chunks) is
+    within it, whichever branch (chunker or constructor) made the plan."""
+    from triage.policies.slidingserve import Predictor
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=budget), estimator="slidingserve")
+    c1 = CLASSES.get(1)
+    decs = [add_decoding(st, level=1, generated=10, prompt=300 + 50 * i,
+                         arrival=NOW + dec_slack * (1 + 0.1 * i) - c1.ttft - 10 * c1.tpot) for i in range(n_dec)]
+    for p, s in zip(prompts, slacks):
+        add_waiting(st, level=3, prompt=p, arrival=NOW - CLASSES.get(3).ttft + s)
+    t_tbt = min(r.next_deadline - NOW for r in decs)
+    pred = Predictor(st.estimator, decs)
+    plan = _ss(mlps=flags[0], constructor=flags[1]).plan(st, NOW)
+    if pred([]) > t_tbt:
+        return                      # the decodes alone overrun: no plan could keep the bound
+    dec_ids = {d.id for d in decs}
+    assert dec_ids <= set(plan.tokens)
+    alloc = [(k, st.requests[rid].computed) for rid, k in plan.tokens.items() if rid not in dec_ids]
+    assert pred(alloc) <= t_tbt + 1e-9
+
+
+# --- fairbatching budget variants (seed 002 §5.4.1) ------------------------------------------
+def test_fairbatching_budget_variants_fb_fb_and_fb_tb():
+    """FB-FB keeps the instance's fixed token budget (no time budget); FB-TB sizes the step
+    in tokens from the time budget, pricing no context, so with long contexts it packs more
+    than the time-based FB-vanilla (which counts c·context)."""
+    st, urgent, relaxed, prefill = _fb_state(8192)
+    fixed = make_policy("fairbatching", budget="fixed").plan(st, NOW)
+    assert fixed.total_tokens == 1 + 3000 + 1                     # everything fits the 8192-token budget
+    assert fixed.budget_s is None
+    vanilla = make_policy("fairbatching").plan(st, NOW)
+    tokens = make_policy("fairbatching", budget="tokens").plan(st, NOW)
+    assert fixed.total_tokens > vanilla.total_tokens
+    assert tokens.total_tokens >= vanilla.total_tokens
+    with pytest.raises(ValueError, match="budget"):
+        make_policy("fairbatching", budget="sideways")
+
+
+# --- sedf: Alg. 2 line 14 and the §6.3 rules ---------------------------------------------------
+def test_sedf_candidates_include_the_executing_set():
+    """Alg. 2 line 14: C ← Q_all \\ Q_p \\ {H}, so a running execution's prefill may join
+    the new H's batch (it is neither paused nor H) instead of being paused behind it."""
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    pol = make_policy("sedf", token_budget=4096)
+    e = add_prefilling(st, computed=256, prompt=800, level=3, arrival=NOW - 1)
+    assert e.id in pol.plan(st, NOW).tokens
+    h = add_waiting(st, level=1, prompt=300, arrival=NOW)            # arrival: H, deadline earliest
+    plan = pol.plan(st, NOW)
+    assert list(plan.tokens)[:2] == [h.id, e.id]                    # E joined H's batch
+    assert pol._exec == [h.id, e.id] and not pol._paused
+
+
+def test_sedf_rules_edf_and_dedf():
+    from triage.policies.sedf import SEDF
+    dl = np.array([110.0, 105.0, 101.0, 99.0])
+    ttft = np.array([1.0, 1.0, 5.0, 0.5])
+    edf = SEDF.priority(dl, ttft, 100.0, "edf")
+    assert list(np.argsort(-edf, kind="stable")) == [3, 2, 1, 0]        # plain earliest deadline
+    dedf = SEDF.priority(dl, ttft, 100.0, "dedf")
+    assert list(np.argsort(-dedf, kind="stable")) == [2, 1, 0, 3]       # missed deadlines last
+    sedf = SEDF.priority(dl, ttft, 100.0, "sedf")
+    assert list(np.argsort(-sedf, kind="stable")) == [1, 0, 2, 3]       # infeasible (slack < 0) last
+    with pytest.raises(ValueError, match="rule"):
+        make_policy("sedf", rule="fifo")
+
+
+def test_sedf_max_chunk_bounds_each_prefill_step():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    big = add_waiting(st, level=5, prompt=6000, arrival=NOW)
+    assert make_policy("sedf", token_budget=8192).plan(st, NOW).tokens[big.id] == 6000
+    assert make_policy("sedf", token_budget=8192, max_chunk=512).plan(st, NOW).tokens[big.id] == 512
+
+
+# --- semantic: the published eviction max-heap --------------------------------------------------
+def test_semantic_heap_eviction_pops_the_least_urgent_resident_first():
+    from triage.policies.semantic import EvictionHeap
+
+    class R:
+        def __init__(self, rid, seq):
+            self.id, self.seq = rid, seq
+
+    g = EvictionHeap()
+    rs = {k: R(k, i) for i, k in enumerate("abcd")}
+    g.live = dict(rs)
+    g.push(rs["a"], (1, 5.0))
+    g.push(rs["b"], (5, 1.0))
+    g.push(rs["c"], (5, 9.0))
+    g.push(rs["d"], (3, 2.0))
+    g.push(rs["c"], (2, 9.0))                 # c ran: re-inserted with its new key, old entry stale
+    assert [g.pop().id for _ in range(4)] == ["b", "d", "c", "a"]
+    assert len(g) == 0
+
+
+@pytest.mark.parametrize("eviction", ["heap", "sorted"])
+def test_semantic_eviction_variants_run_to_completion_under_kv_pressure(eviction):
+    trace = poisson_trace(150, rate=6.0, seed=3, prompt=(64, 1200), output=(16, 300))
+    prof = dataclasses.replace(PROFILE, raw={**PROFILE.raw, "kv": {**PROFILE.raw["kv"], "num_blocks": 200}})
+    res = simulate(trace, make_policy("semantic", eviction=eviction), prof, CLASSES, seed=1)
+    assert len(res.requests) == len(trace)
+    assert sum(r.preemptions for r in res.requests) > 0            # the pressure really evicted
+    with pytest.raises(ValueError, match="eviction"):
+        make_policy("semantic", eviction="random")
+
+
+# --- slidebatching: the §5.4 ablation switches -------------------------------------------------
+def test_slidebatching_ablation_switches():
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    tight = add_waiting(st, level=5, prompt=3000, arrival=NOW - CLASSES.get(5).ttft + 0.4)  # soon due, low weight
+    dense = add_waiting(st, level=1, prompt=200, arrival=NOW)                                # high density
+    by_deadline = make_policy("slidebatching", partition="deadline").plan(st, NOW)
+    by_density = make_policy("slidebatching", partition="density").plan(st, NOW)
+    assert list(by_deadline.tokens)[0] == tight.id
+    assert list(by_density.tokens)[0] == dense.id
+    capped = make_policy("slidebatching").plan(st, NOW)
+    free = make_policy("slidebatching", latency_aware=False).plan(st, NOW)
+    assert free.total_tokens == 3200 and capped.total_tokens < free.total_tokens
+    with pytest.raises(ValueError, match="partition"):
+        make_policy("slidebatching", partition="both")

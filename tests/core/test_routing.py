@@ -27,10 +27,15 @@ class FakeLoad:
     free_blocks: int = 1000
     prefill_tokens: int = 0
     dec: list = field(default_factory=list)   # (slack, context, tpot)
+    pre: list = field(default_factory=list)   # unfinished prefills: (slack, prompt, tpot)
     estimator: object = field(default_factory=PROFILE.estimator)
 
     def decodes(self, now):
         a = np.array(self.dec, dtype=float).reshape(len(self.dec), 3)
+        return a[:, 0], a[:, 1], a[:, 2]
+
+    def prefills(self, now):
+        a = np.array(self.pre, dtype=float).reshape(len(self.pre), 3)
         return a[:, 0], a[:, 1], a[:, 2]
 
 
@@ -184,3 +189,99 @@ def test_gorouting_models_the_queue_the_local_scheduler_serves():
     assert not g.by_level                # an explicit view wins over the policy's
     with pytest.raises(ValueError, match="view"):
         make_router("gorouting", view="sideways")
+
+
+# --- seed 000's own examples -------------------------------------------------------------------
+def _toy_load(index: int, role: str):
+    """An instance on a toy latency model: 1 ms per prefill token, a negligible step cost."""
+    from triage.estimators import ProServeEstimator
+
+    est = ProServeEstimator(a_p=0.0, b_p=0.0, c_p=1e-3, a_d=0.0, b_d=0.0, t_c=1e-6)
+    return FakeLoad(index, role=role, estimator=est)
+
+
+def _toy_req(rid: str, ms: int, slo: float = 0.7) -> Request:
+    return Request(id=rid, arrival=0.0, prompt_len=ms, predicted_level=3, ttft_slo=slo, tpot_slo=0.05,
+                   weight=1.0, predicted_output_len=10, output_len=10)
+
+
+@pytest.mark.parametrize("role", ["prefill", "mixed"])
+def test_gorouting_reproduces_fig8_over_balancing_example(role):
+    """Seed 000 §3.3, Fig. 8: instance A has 400 ms of prefill queued, B 200 ms; R1
+    (200 ms) arrives, then R2 (400 ms); TTFT SLO 700 ms. Min-Load sends R1 to B and R2
+    then misses on either instance; GoRouting sends R1 to A (600 ms ≤ 700) and keeps B for
+    R2 (600 ms). That takes λ ≥ 6/7: with λ = 0.75 A is "heavy" and R1 goes to B."""
+    def run(**params):
+        g = make_router("gorouting", **params)
+        a, b = _toy_load(0, role), _toy_load(1, role)
+        g.on_dispatch(_toy_req("qa", 400), 0, 0.0, a)
+        g.on_dispatch(_toy_req("qb", 200), 1, 0.0, b)
+        r1, r2 = _toy_req("R1", 200), _toy_req("R2", 400)
+        p1 = g.route(r1, [a, b], 0.0)
+        g.on_dispatch(r1, p1, 0.0, (a, b)[p1])
+        p2 = g.route(r2, [a, b], 0.0)
+        return p1, p2, g
+
+    p1, p2, g = run()                                        # the defaults
+    assert (p1, p2) == (0, 1)
+    assert g.exec_time(_toy_load(0, role), 0.0) == pytest.approx(0.6)       # A: 400 + 200 ms
+    assert g.lam >= 6 / 7
+    assert run(lam=0.75)[0] == 1                             # the old default over-balances
+    assert run(lam=6 / 7 + 1e-9)[:2] == (0, 1)               # the bound is tight
+
+
+def test_gorouting_keeps_the_eta_floor_when_a_queued_request_is_overdue():
+    """Alg. 1 line 7 (t_budget ← max(t_min, η)): a queued request already past its
+    deadline must not make φa infinite. Without the floor every instance holding an
+    overdue request scored Δ = 0 and routing fell back to a random pick (line 19) under
+    exactly the overload where the choice matters."""
+    g = make_router("gorouting", mu=0.0)
+    est = PROFILE.estimator()
+    pool = [FakeLoad(i) for i in range(4)]
+    for i, load in enumerate(pool):                          # every instance: one ESI-5 request, overdue at t=100
+        g.on_dispatch(req(f"old{i}", level=5, prompt=200, arrival=0.0), i, 0.0, load)
+    seconds = [3.0, 0.5, 6.0, 4.0]                           # plus this much ESI-3 prefill queued
+    for i, s in enumerate(seconds):
+        n_tok = int(s / est.prefill_time(1000) * 1000)
+        g.on_dispatch(req(f"w{i}", level=3, prompt=n_tok, arrival=99.0), i, 100.0, pool[i])
+    new = req("new", level=2, prompt=500, arrival=100.0)     # ESI-2: TTFT SLO 4 s
+    q = [r for r, _ in g._ahead(pool[1], new)]
+    assert any(r.deadline(1) < 100.0 for r in q)
+    assert np.isfinite(g._phi(pool[1], q, 0.5, 100.0))
+    picks = {g.route(new, pool, 100.0) for _ in range(8)}
+    assert picks == {1}                                      # the one instance where it meets its SLO, every time
+
+
+def test_pab_sums_decode_and_prefill_as_appendix_a_and_keeps_negative_slack():
+    """App. A.7 sums over DUP = Decode ∪ Prefill: a queued prefill will decode inside the
+    new request's TTFT window too, so it reserves decode steps as well as its prompt; the
+    minimum slack enters as printed (an overdue request, slack < 0, reserves more steps)."""
+    est = PROFILE.estimator()
+    a, b, c = linear_step_model(est)
+    ttft = 2.0
+    only_prompt = FakeLoad(0, prefill_tokens=500)
+    with_dup = FakeLoad(1, prefill_tokens=500, pre=[(1.0, 500, 0.2)])
+    got = prefill_admission_budget(with_dup, ttft, 0.0)
+    steps = (ttft - 1.0) / 0.2 + 1
+    want = (ttft - steps * a - (ttft - 1.0) / 0.2 * (b + 500 * c)) / (b + c) - 500
+    assert got == pytest.approx(want)
+    assert got < prefill_admission_budget(only_prompt, ttft, 0.0)
+    late = FakeLoad(2, dec=[(-0.5, 1000, 0.2)])
+    steps_late = (ttft + 0.5) / 0.2 + 1                      # not clamped to (ttft - 0)/tpot + 1
+    want_late = (ttft - steps_late * a - (ttft + 0.5) / 0.2 * (b + 1000 * c)) / (b + c)
+    assert prefill_admission_budget(late, ttft, 0.0) == pytest.approx(want_late)
+    # a request ahead of its window (slack > TTFT) reserves no decode steps (N_i = 0 by A.3)
+    # (the step count keeps a floor of one: the step that runs the new prefill)
+    ahead = FakeLoad(3, dec=[(5.0, 1000, 0.2)])
+    assert prefill_admission_budget(ahead, ttft, 0.0) == pytest.approx((ttft - a) / (b + c))
+
+
+def test_fb_pab_rejects_when_no_instance_has_budget_for_the_prompt():
+    from triage.routing import REJECT
+
+    full = FakeLoad(0, prefill_tokens=10**6)
+    r = req(prompt=800, level=3)
+    assert make_router("pab").route(r, [full], 0.0) == 0                  # plain PAB routes anyway
+    rej = make_router("pab", reject=True)
+    assert rej.route(r, [full], 0.0) == REJECT and rej.rejected == 1
+    assert rej.route(r, [full, FakeLoad(1)], 0.0) == 1                    # room elsewhere: admitted there

@@ -14,6 +14,17 @@
             cp ← min(token_budget, (time_budget − c·context) / b); add r.chunk(cp)
         time_budget −= cost of what was added
 
+Budget variants (§5.4.1, the ablation of Fig. 7), `budget=`:
+  - "time" (FB-vanilla, default): the adaptive time budget above, costed with the
+    context term c·context.
+  - "tokens" (FB-TB): a dynamic *token* budget, (init_time_budget − a)/b tokens, each
+    new token costing b whatever its context (the paper: it "fails to estimate step time
+    accurately when the average context length exceeds expectations").
+  - "fixed" (FB-FB): no adaptive budget; the step holds the instance's fixed token budget
+    (`max_num_batched_tokens`, as vLLM-sarathi), only the three-group order of §3.3 is
+    FairBatching's.
+FB-PAB (admission control) is the `pab` router with `reject=True` in front of this policy.
+
 The step model is the paper's linear `batch_time = a + b·new_tokens + c·context` (§3.2),
 fitted by least squares to the instance's estimator over the (tokens, context) range it
 serves and scaled by the estimator's online correction β, so it tracks drift as the
@@ -54,7 +65,12 @@ def linear_step_model(est: LatencyEstimator) -> tuple[float, float, float]:
 
 @register("fairbatching")
 class FairBatching(Policy):
-    def __init__(self) -> None:
+    BUDGETS = ("time", "tokens", "fixed")
+
+    def __init__(self, budget: str = "time") -> None:
+        if budget not in self.BUDGETS:
+            raise ValueError(f"budget must be one of {', '.join(self.BUDGETS)}, got {budget!r}")
+        self.budget = budget
         self._model: tuple[int, tuple[float, float, float]] | None = None
 
     def _abc(self, est: LatencyEstimator) -> tuple[float, float, float]:
@@ -82,8 +98,10 @@ class FairBatching(Policy):
 
         # lines 34-48: fill by the linear model
         a, b_tok, c_ctx = self._abc(view.estimator)
+        if self.budget == "tokens":         # FB-TB: tokens only, context not costed
+            c_ctx = 0.0
         b = BatchBuilder(view)
-        time_budget = init_time_budget - a
+        time_budget = init_time_budget - a if self.budget != "fixed" else float("inf")   # FB-FB: tokens decide
         victims = [reqs[i] for i in order if i < n_run]  # most slack, least urgent group last
         need_l, ctx_l = need.tolist(), context.tolist()
         admit_open = True  # as vLLM's waiting queue: the first admission that cannot get KV blocks or a seat closes it
@@ -100,7 +118,8 @@ class FairBatching(Policy):
             if b_tok * new_tokens + ctx_cost <= time_budget and new_tokens <= b.tokens_left:
                 want = new_tokens                                                   # line 39
             elif ctx_cost <= time_budget:
-                want = min(b.tokens_left, int((time_budget - ctx_cost) / b_tok))    # line 43
+                room = (time_budget - ctx_cost) / b_tok
+                want = min(b.tokens_left, int(room) if room < b.tokens_left else b.tokens_left)  # line 43
                 if want <= 0:
                     continue
             else:
@@ -113,5 +132,5 @@ class FairBatching(Policy):
             elif waiting:
                 admit_open = False
         plan = b.build()
-        plan.budget_s = init_time_budget
+        plan.budget_s = init_time_budget if self.budget != "fixed" else None   # FB-FB: token budget only
         return plan

@@ -8,17 +8,28 @@ S-EDF priority (Eq. 3), larger runs first:
 with deadline the request's next-token deadline (arrival + TTFT_slo for a first token)
 and T̂TFT the estimator's time to finish its prefill alone (β·(t_c + T~p)). Requests that
 can still make it go earliest-deadline first; those that cannot sink below all of them.
+`rule=` switches the priority for the §6.3 ablation: "sedf" (Eq. 3), "edf" (1/deadline)
+and "dedf" (D-EDF: sgn(deadline − now)/deadline).
 
 Event-driven scheduling (Alg. 2), re-planned only on an event (an arrival, a completion,
 or the current execution's prefills all done):
 
     Q_all ← Q_w ∪ Q_p ∪ E, sorted by priority;  H ← r_1
-    if H ∈ Q_w:  H, B ← SLOAWAREBATCHING(H, Q_w \\ {H}, G)
-    if H ∉ E:    pause E (→ Q_p; its KV stays, like operator-level preemption)
+    if H ∈ Q_w:  C ← Q_all \\ Q_p \\ {H}   (waiting requests and the executing set E)
+                 H, B ← SLOAWAREBATCHING(H, C, G)
+    if H ∉ E:    pause E (→ Q_p; its KV stays on the device)
                  E ← (H, B) if H was waiting, else resume H's paused execution
 
 SLO-aware batching (Alg. 1): B ← {H}; for r in C (priority order): n ← N + r.tokens;
 add r if T_remain = H.deadline − now > L = predict_latency(n) and n < G.
+
+Preemption granularity (a deviation, measured in docs/reproduction.md): FlowPrefill
+preempts a running prefill at operator boundaries (< 4.5 ms, §6.4). This engine, like
+vLLM, can only change what runs between steps, so a pause takes effect at the next step
+boundary and a newly arrived urgent request waits for the step in flight (up to one whole
+G-token prefill step). `max_chunk=K` is the chunk-boundary preemption vLLM does allow:
+every prefill of E gets at most K tokens a step, so an urgent arrival waits at most one
+K-token chunk (None: the step's token budget).
 
 FlowPrefill runs on prefill instances; co-located here, the running decodes go first
 each step (a decode instance would run them regardless), then the execution E's
@@ -38,17 +49,30 @@ from triage.request import Request
 
 @register("sedf")
 class SEDF(Policy):
-    def __init__(self, token_budget: int = 4096) -> None:
+    RULES = ("sedf", "edf", "dedf")
+
+    def __init__(self, token_budget: int = 4096, rule: str = "sedf", max_chunk: int | None = None) -> None:
+        if rule not in self.RULES:
+            raise ValueError(f"rule must be one of {', '.join(self.RULES)}, got {rule!r}")
+        if max_chunk is not None and max_chunk < 1:
+            raise ValueError("max_chunk must be >= 1")
         self.token_budget = token_budget       # G of Alg. 1 / Alg. 2
+        self.rule = rule                       # Eq. 3 (sedf) or the §6.3 baselines
+        self.max_chunk = max_chunk             # chunk-boundary preemption (tokens per prefill per step)
         self._exec: list[str] = []             # E: the current execution, H first
         self._paused: dict[str, list[str]] = {}  # Q_p: paused executions by their H
         self._seen = (-1, -1)                  # (newest seq, live requests) at the last round
 
     # --- Eq. 3 -------------------------------------------------------------------------------
     @staticmethod
-    def priority(deadline: np.ndarray, ttft_hat: np.ndarray, now: float) -> np.ndarray:
+    def priority(deadline: np.ndarray, ttft_hat: np.ndarray, now: float, rule: str = "sedf") -> np.ndarray:
+        d = np.maximum(deadline, 1e-9)
+        if rule == "edf":
+            return 1.0 / d
+        if rule == "dedf":
+            return np.sign(deadline - now) / d
         slack = deadline - now - ttft_hat
-        return np.sign(slack) / np.maximum(deadline, 1e-9)
+        return np.sign(slack) / d
 
     # --- Alg. 1 --------------------------------------------------------------------------------
     def slo_aware_batching(self, view: SchedulerView, h: Request, cands: list[Request], now: float) -> list[Request]:
@@ -104,17 +128,23 @@ class SEDF(Policy):
         if not len(dl):
             self._exec = []
             return
-        order = np.lexsort((seq, -self.priority(dl, ttft, now)))
+        order = np.lexsort((seq, -self.priority(dl, ttft, now, self.rule)))
         top = int(order[0])
         h = waiting[top] if top < n else others[top - n]
         if h.id in in_exec:
             return                                        # H = E: keep executing
-        if self._exec:                                    # preempt_execution(E): Q_p ← Q_p ∪ {E}
-            self._paused[self._exec[0]] = self._exec
+        old_exec = self._exec
         if top < n:                                       # H ∈ Q_w: submit_new_execution(H, B)
-            cands = [waiting[i] for i in order.tolist()[1:] if i < n]
+            # line 14: C ← Q_all \ Q_p \ {H} — the waiting requests and the executing set E
+            cands = [waiting[i] if i < n else others[i - n] for i in order.tolist()[1:]
+                     if i < n or others[i - n].id in in_exec]
             self._exec = [r.id for r in self.slo_aware_batching(view, h, cands, now)]
+            rest = [rid for rid in old_exec if rid not in set(self._exec)]
+            if rest:                                      # preempt_execution(E): what of E is not in B
+                self._paused[rest[0]] = rest
         else:                                             # resume_execution(H)
+            if old_exec:                                  # preempt_execution(E): Q_p ← Q_p ∪ {E}
+                self._paused[old_exec[0]] = old_exec
             group = next((ids for ids in self._paused.values() if h.id in ids), [h.id])
             self._paused = {k: v for k, v in self._paused.items() if h.id not in v}
             self._exec = [h.id, *(rid for rid in group if rid != h.id)]
@@ -148,5 +178,5 @@ class SEDF(Policy):
                 continue
             if r.stage in WAITING_STAGES and (b.blocks_short(r) > 0 or b.seats_left <= 0):
                 b.make_room(r, paused)                    # evict paused executions, newest first
-            b.add(r)
+            b.add(r, min(r.need, self.max_chunk) if self.max_chunk else None)
         return b.build()

@@ -13,6 +13,11 @@
     while Q and t_batch < t_budget and memory is enough:
         r ← Q.pop();  t_batch += GETMAXCHUNK(r, t_budget − t_batch)
 
+Ablations of §5.4 (Fig. 15): `partition="deadline"` (w/ only deadline: every request
+NORMAL, ascending remain), `partition="density"` (w/ only density: every request URGENT,
+descending density), `latency_aware=False` (w/o latency-aware: no time budget, the batch
+is bounded by the instance's token budget only; φ still uses max(t_min, η)).
+
 Q is every running and waiting request; the waiting side is read from the state's numpy
 columns, so one plan at 1,000 waiting + 256 running is a few vector operations.
 """
@@ -82,21 +87,31 @@ class QueueMetrics:
 class SlideBatching(Policy):
     queue_order = "level"  # class-weighted gain: a request mostly waits behind more urgent ones
 
-    def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1) -> None:
+    PARTITIONS = ("adaptive", "deadline", "density")
+
+    def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1, partition: str = "adaptive",
+                 latency_aware: bool = True) -> None:
         if phi not in ("a", "c", "p"):
             raise ValueError("phi must be 'a', 'c' or 'p'")
+        if partition not in self.PARTITIONS:
+            raise ValueError(f"partition must be one of {', '.join(self.PARTITIONS)}, got {partition!r}")
         self.phi = phi
         self.gamma = gamma
         self.eta = eta
+        self.partition = partition          # §5.4 ablation: adaptive (Alg. 1 lines 8-13) or one strategy only
+        self.latency_aware = latency_aware  # §5.4 ablation: the time budget of lines 7 and 15
 
     def plan(self, view: SchedulerView, now: float) -> BatchPlan:
         q = QueueMetrics(view, now)
         if not len(q):
             return BatchPlan()
         t_budget = q.budget(self.eta)
-        urgent = q.remain < self.gamma * q.phi(self.phi, t_budget)
+        if self.partition == "adaptive":
+            urgent = q.remain < self.gamma * q.phi(self.phi, t_budget)
+        else:
+            urgent = np.full(len(q), self.partition == "density")
         order = q.order(urgent)
-        b = BatchBuilder(view, time_budget=t_budget)
+        b = BatchBuilder(view, time_budget=t_budget if self.latency_aware else None)
         victims = list(view.running)  # the engine underneath (vLLM) preempts the newest first
         admit_open = True
         running_left = q.n_run

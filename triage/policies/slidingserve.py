@@ -7,7 +7,8 @@ Eq. 4-6; the instance's estimator: `estimator_kind = "slidingserve"`).
                                                                           (Alg. 2, Eq. 10-13)
     cand ← Q filled greedily to B_max;  T̂_full ← predict(D ∪ cand)      (Violation Checker)
     if some prefill in cand has s_i < T̂_full:                                    (Alg. 3)
-        for anchor a in risky:  C_a ← TimeToBudget(s_a) − |D|;  skip if r_a > C_a
+        for anchor a in risky:  C_a ← B_a − |D|, B_a = TimeToBudget(min(s_a, min_D s_i))  (Eq. 14;
+                                the cap keeps the decodes' TBT bound);  skip if r_a > C_a
             S_a ← {j : s_j ≥ s_a};  v_j = 1 / (s_j/Σs + r_j/Σr)                    (Eq. 16)
             Y* ← 0/1 knapsack max Σv s.t. Σr ≤ C_a − r_a                       (Eq. 17-18)
             best ← the lexicographically larger of (|Y|, Σv, Σr)                  (Eq. 19)
@@ -15,6 +16,7 @@ Eq. 4-6; the instance's estimator: `estimator_kind = "slidingserve"`).
     else / no anchor fits:                                                (Alg. 1, Eq. 7-9)
         T_cur ← min_{D_safe} s_i;  T_next ← min_{D_safe} (s_i − T_cur + L_i^tbt)
         B_Σ ← TimeToBudget(T_cur + T_next)
+        if the greedy chunk TimeToBudget(T_cur) covers the queue: B* ← it (nothing to balance)
         B* ← argmin_b T̂(b) + T̂(B_Σ − b)   (ternary search; T̂(b) ≤ T_cur, B_Σ − b ≤ B_max)
         run D ∪ Q filled to B* tokens
 
@@ -161,7 +163,10 @@ class SlidingServe(Policy):
             return min(b_max, total)
         t_cur = min(s for s, _ in safe)                                    # Eq. 7
         greedy = pred.time_to_budget(t_cur, min(b_max, total), alloc_of)
-        if not self.chunker:
+        if not self.chunker or greedy >= rs.sum():
+            # the greedy chunk already covers the whole queue: nothing is left for the
+            # next iteration to balance against (splitting a 200-token prompt that fits
+            # would only delay its first token: 100, 50, 25, ... over successive steps)
             return greedy
         t_next = min(s - t_cur + l for s, l in safe)                       # Eq. 8
         b_sum = pred.time_to_budget(t_cur + t_next, total, alloc_of)       # step 3
@@ -178,7 +183,9 @@ class SlidingServe(Policy):
         return min(range(lo, hi + 1), key=lambda b: (f(b), -b))
 
     # --- BatchConstructor (Alg. 3) ---------------------------------------------------------------
-    def construct(self, pred: Predictor, q, rs, ss, cand, t_full: float, cap_tokens: int) -> list[int] | None:
+    def construct(self, pred: Predictor, q, rs, ss, cand, t_full: float, cap_tokens: int,
+                  t_tbt: float = math.inf) -> list[int] | None:
+        """Alg. 3. `t_tbt`: the tightest decode slack, which no batch may exceed."""
         pos = {x.id: i for i, x in enumerate(q[: self.max_candidates])}
         risky = sorted((pos[x.id] for x, _ in cand if x.id in pos and ss[pos[x.id]] < t_full), key=lambda i: (ss[i], i))
         if not risky:
@@ -186,7 +193,10 @@ class SlidingServe(Policy):
         best, best_key = None, None
         one = lambda c: [(c, 0)]  # noqa: E731  a fresh chunk of c tokens
         for a in risky:
-            c_a = pred.time_to_budget(float(ss[a]), cap_tokens, one)       # B_a − |D|   (Eq. 14)
+            # Eq. 14: C_a = B_a − |D|, B_a = TimeToBudget(s_a) the batch's tokens (the |D|
+            # decode tokens included) within a's slack, capped by the TBT bound of the decodes
+            b_a = pred.n_d + pred.time_to_budget(min(float(ss[a]), t_tbt), cap_tokens, one)
+            c_a = b_a - pred.n_d
             r_a = int(rs[a])
             if r_a > c_a:
                 continue
@@ -225,10 +235,15 @@ class SlidingServe(Policy):
         cand = self.fill(q, rs, b_max)
         t_full = pred([(k, x.computed) for x, k in cand])                  # Violation Checker
         alloc: list[tuple[Request, int]] | None = None
+        t_tbt = min((r.next_deadline - now for r in dec if r.next_deadline > now), default=math.inf)
         if self.constructor:
-            best = self.construct(pred, q, rs, ss, cand, t_full, b_max)
+            best = self.construct(pred, q, rs, ss, cand, t_full, b_max, t_tbt)
             if best is not None:
                 alloc = [(q[j], int(rs[j])) for j in best]                 # Eq. 20
+                # C_a was priced as one fresh chunk; a running prefill's cached context
+                # costs more: never let the chosen set break the decodes' TBT bound
+                while len(alloc) > 1 and pred([(k, x.computed) for x, k in alloc]) > t_tbt:
+                    alloc.pop()
         if alloc is None:
             alloc = self.fill(q, rs, self.chunk_size(pred, dec, q, rs, b_max, now))
         admit_open = True

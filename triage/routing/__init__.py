@@ -1,5 +1,5 @@
 """Routers across engine instances, one interface for simulated and live instances."""
-from triage.routing.base import ROUTERS, InstanceLoad, Router, StateLoad, register
+from triage.routing.base import REJECT, ROUTERS, InstanceLoad, Router, StateLoad, register
 from triage.routing import simple, pab, gorouting  # noqa: F401  (registration)
 
 
@@ -11,4 +11,4 @@ def make_router(name: str, **params) -> Router:
     return cls(**params)
 
 
-__all__ = ["ROUTERS", "InstanceLoad", "Router", "StateLoad", "make_router", "register"]
+__all__ = ["REJECT", "ROUTERS", "InstanceLoad", "Router", "StateLoad", "make_router", "register"]

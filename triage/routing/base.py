@@ -40,6 +40,7 @@ class InstanceLoad(Protocol):
     @property
     def prefill_tokens(self) -> int: ...        # tokens still to prefill (waiting + running prefills)
     def decodes(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, context, tpot)
+    def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, prompt, tpot)
 
 
 class StateLoad:
@@ -80,13 +81,25 @@ class StateLoad:
         a = np.array(d, dtype=float).reshape(len(d), 3)
         return a[:, 0], a[:, 1], a[:, 2]
 
+    def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unfinished prefills (running chunks, then waiting): first-token slack, prompt
+        (the context they will decode at), TPOT SLO."""
+        run = [(r.next_deadline - now, r.prompt_len, r.tpot_slo) for r in self.state.running
+               if not (r.need == 1 and r.generated > 0)]
+        a = np.array(run, dtype=float).reshape(len(run), 3)
+        cols = self.state.columns.view()
+        return (np.concatenate([a[:, 0], cols["deadline"] - now]),
+                np.concatenate([a[:, 1], cols["computed"] + cols["need"]]),
+                np.concatenate([a[:, 2], cols["tpot"]]))
+
 
 class Router(ABC):
     name: ClassVar[str]
 
     @abstractmethod
     def route(self, req: Request, pool: Sequence[InstanceLoad], now: float) -> int:
-        """Index (into `pool`) of the instance that gets `req`."""
+        """Index (into `pool`) of the instance that gets `req`, or REJECT (a router with
+        admission control turns the request away: it counts as an SLO miss)."""
 
     def route_pd(self, req: Request, prefill: Sequence[InstanceLoad], decode: Sequence[InstanceLoad],
                  now: float) -> tuple[int, int]:
@@ -107,5 +120,7 @@ class Router(ABC):
     def describe(self) -> dict:
         return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
 
+
+REJECT = -1     # route(): no instance admits the request (seed 002 FB-PAB admission control)
 
 ROUTERS, register = make_registry("router")

@@ -24,13 +24,23 @@ ESTIMATEGAIN(Q) is the first-token gain Σ_{r∈Q} w_first·w_p(r)·1[now + φ(Q
 under a conservative load judgment: every request of Q is assumed done only when all of
 Q is (§4.2's conservative view).
   - PD disaggregated (prefill instances): φp(Q) = EXEC(p) + |Q|·t_c.
-  - PD co-located: φa(Q) = t_budget/(t_budget − t_c) · EXEC(p), t_budget = min(min
-    remaining time of Q's prefills, TPOT_slo). Here ESTIMATEEXEC adds the decode time
+  - PD co-located: φa(Q) = t_budget/(t_budget − t_c) · EXEC(p), t_budget = max(min(min
+    remaining time of Q's prefills, TPOT_slo), η) — §4.3 sets the budget to the smaller of
+    the two, and Alg. 1 line 7's floor η keeps it from collapsing once a queued request is
+    overdue (without it φ is infinite, Δ = 0 on every such instance, and routing turns
+    random exactly under overload). η defaults to SlideBatching's. Here ESTIMATEEXEC adds the decode time
     n_d·b_d ("when estimating the execution time for prefill on the instance, we add the
     estimated decode time n_d·b_d"), so the light/heavy thresholds see it too. n_d counts
     the instance's requests from first token to finish; b_d, "the average decode time",
     is taken at the mean context of those requests, which the router knows from what it
     dispatched (a fixed context would price a 12k-token Mooncake decode like a 1k one).
+
+Thresholds: the seed gives no values for α, μ, λ. λ must be at least 6/7 for the seed's
+own Fig. 8 toy example (instances with 400 ms and 200 ms queued, R1 = 200 ms, then R2 =
+400 ms, TTFT SLO 700 ms: R1 belongs on the 400 ms instance, where it ends at 600 ms =
+6/7 of the SLO; with λ < 6/7 that instance is "heavy" and R1 goes to the idler one,
+leaving R2 nowhere to meet its SLO). Default λ = 0.9 (tests/core/test_routing.py
+reproduces the example).
 
 Which queued requests a new one waits behind (`view`): the seed's local scheduler serves
 an instance's queue in arrival order, so Q is everything queued. Behind a class-aware
@@ -64,14 +74,16 @@ class _Queue:
 
 @register("gorouting")
 class GoRouting(Router):
-    def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.75, seed: int = 0, view: str = "auto") -> None:
+    def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.9, seed: int = 0, view: str = "auto",
+                 eta: float = 0.1) -> None:
         if view not in ("auto", "arrival", "level"):
             raise ValueError("view must be 'auto', 'arrival' or 'level'")
         self.view = view                    # which queued requests a new one waits behind (module docstring)
         self.by_level = view == "level"
         self.alpha = alpha                  # candidate threshold on Δ
         self.mu = mu                        # light: EXEC(p) < μ·TTFT_slo
-        self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo
+        self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo (≥ 6/7: Fig. 8)
+        self.eta = eta                      # Alg. 1 line 7: t_budget ≥ η (co-located φa)
         self._rng = np.random.default_rng(seed)
         self._map: dict[int, _Queue] = {}   # PrefillQueueMap (plus n_d per instance)
 
@@ -109,8 +121,8 @@ class GoRouting(Router):
         if p.role == "prefill":                                           # φp
             return exec_s + len(reqs) * t_c
         remain = min((r.deadline(1) - now for r in reqs), default=np.inf)
-        t_budget = min(remain, min((r.tpot_slo for r in reqs), default=np.inf))
-        if not t_budget > t_c:
+        t_budget = max(min(remain, min((r.tpot_slo for r in reqs), default=np.inf)), self.eta)  # Alg. 1 l. 7
+        if not t_budget > t_c:      # η below one step's fixed cost: no batch can make progress
             return np.inf if exec_s > 0 else 0.0
         return t_budget / (t_budget - t_c) * exec_s                      # φa
 

@@ -7,7 +7,9 @@
         arrival  → router picks the instance(s); the request joins that engine's queue
         transfer → the request joins its decode instance's queue with its KV (need = 1)
         step     → that instance runs one plan of its own policy (`Instance.step`);
-                   first tokens and finishes are reported back to the router
+                   its first tokens and finishes become report events at the step's end
+        report   → the router hears of a first token or a finish (at its own time: a
+                   step's results are not known to the router before the step is over)
 
 Each instance is `triage.sim.simulator.Instance` (its own policy object, estimator with
 online β, KV pool, noise stream); requests are built with `make_request`. In PD mode a
@@ -34,7 +36,7 @@ from triage.policies.base import Policy
 from triage.policies.slidebatching import SlideBatching
 from triage.profiles import Profile
 from triage.request import KVResidency, Request, Stage
-from triage.routing import Router, StateLoad, make_router
+from triage.routing import REJECT, Router, StateLoad, make_router
 from triage.sim.simulator import EstimatorError, Instance, SimResult, StalledError, make_request
 from triage.sim.traces import TraceRequest
 
@@ -112,8 +114,11 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
     pending = deque(sorted(trace, key=lambda t: t.arrival))
     total = len(pending)
     transfers: list[tuple[float, int, Request, int]] = []   # (ready, seq, request, decode node)
+    reports: list[tuple[float, int, int, Request, int]] = []  # (time, n, kind 0 first token / 1 finish, request, instance)
+    n_report = 0
     decode_of: dict[str, int] = {}
     done: list[Request] = []
+    rejected: list[Request] = []                            # turned away by the router: no token
     origin: dict[str, TraceRequest] = {}
     i_req = 0
 
@@ -123,12 +128,16 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         r.instance = node.inst.index
         node.inst.state.add(r)
 
-    while pending or transfers or any(n.inst.state.requests for n in nodes):
+    while pending or transfers or reports or any(n.inst.state.requests for n in nodes):
         busy = [n for n in nodes if n.busy]
         step_node = min(busy, key=lambda n: (n.inst.now, n.inst.index)) if busy else None
         t_step = step_node.inst.now if step_node else math.inf
         t_arr = pending[0].arrival if pending else math.inf
         t_xfer = transfers[0][0] if transfers else math.inf
+        if reports and reports[0][0] <= min(t_arr, t_step, t_xfer):   # report → router (before same-time arrivals)
+            t_rep, _, kind, r, idx = heapq.heappop(reports)
+            (rt.on_finish if kind else rt.on_first_token)(r, idx, t_rep)
+            continue
         if t_arr == t_step == t_xfer == math.inf:
             stuck = [n.inst.index for n in nodes if n.inst.state.requests]
             raise StalledError(f"cluster: instances {stuck} hold requests but none can make progress")
@@ -139,10 +148,17 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
             i_req += 1
             if pd_:
                 p, d = rt.route_pd(r, [n.load for n in prefill], [n.load for n in decode], t.arrival)
+                if p == REJECT:
+                    rejected.append(r)
+                    continue
                 node = prefill[p]
                 decode_of[r.id] = decode[d].inst.index
             else:
-                node = mixed[rt.route(r, [n.load for n in mixed], t.arrival)]
+                k = rt.route(r, [n.load for n in mixed], t.arrival)
+                if k == REJECT:                                      # admission control (seed 002 FB-PAB)
+                    rejected.append(r)
+                    continue
+                node = mixed[k]
             rt.on_dispatch(r, node.inst.index, t.arrival, node.load)
             put(node, r, t.arrival)
             continue
@@ -160,14 +176,18 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         scheduled = [st.requests[rid] for rid in plan.tokens]
         inst.step(plan)
         for r in scheduled:
+            first = r.generated >= 1 and r.token_times[0] == inst.now
+            if first:                                                # reported when the step ends
+                heapq.heappush(reports, (inst.now, n_report, 0, r, inst.index))
+                n_report += 1
             if r.finished:
-                rt.on_finish(r, inst.index, inst.now)
+                heapq.heappush(reports, (inst.now, n_report, 1, r, inst.index))
+                n_report += 1
                 done.append(r)
                 if progress and len(done) % 200 == 0:
                     progress(len(done))
                 continue
-            if r.generated == 1 and r.token_times[-1] == inst.now:
-                rt.on_first_token(r, inst.index, inst.now)
+            if first:
                 if node.role == "prefill":                           # hand over to decode
                     st.remove(r.id)
                     ready = inst.now + kv_fixed_s + kv_per_token_s * r.computed
@@ -181,4 +201,6 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
     err.beta = nodes[0].inst.error.beta
     report = err.report(nodes[0].inst.truth.describe())
     report["beta_final_per_instance"] = [round(n.inst.error.beta, 4) for n in nodes]
-    return SimResult(sorted(done, key=lambda r: r.seq), steps, max(n.inst.now for n in nodes), [], origin, report)
+    res = SimResult(sorted(done, key=lambda r: r.seq), steps, max(n.inst.now for n in nodes), [], origin, report)
+    res.rejected = rejected
+    return res

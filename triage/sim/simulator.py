@@ -47,6 +47,7 @@ class SimResult:
     step_overheads_s: list[float] = field(default_factory=list)
     origin: dict[str, TraceRequest] = field(default_factory=dict)   # request id -> its trace row (gold level, kind)
     estimator: dict = field(default_factory=dict)                   # MAPE before/after online correction, truth
+    rejected: list[Request] = field(default_factory=list)           # turned away by admission control (never served)
 
     @property
     def gold(self) -> dict[str, int]:

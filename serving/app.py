@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.api.errors import APIError, error_response
@@ -111,17 +111,18 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
     async def _http(_: Request, e: StarletteHTTPException):
         return error_response(e.status_code, str(e.detail))
 
-    from serving.api import admin_routes, audit_routes, openai_routes
+    from serving.api import admin_routes, audit_routes, key_routes, openai_routes
 
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(key_routes.router)
     app.include_router(audit_routes.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict:
         return {"ok": True}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready: the same body, ready false"}})
     async def readyz(request: Request):
         from fastapi.concurrency import run_in_threadpool
 
@@ -136,7 +137,7 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
             body["instances"] = st.backend.instances_status()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics(request: Request):
         m = request.app.state.metrics
         m.audit_spool.set(request.app.state.writer.spool_lines())
@@ -165,7 +166,20 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
             return await self.mw(scope, receive, send)
 
     app.add_middleware(_LateBodyLimit)
+    _document_errors(app)
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Every route documents the OpenAI-style error body for the 4xx/5xx it may answer
+    (a route's own entry for a status wins)."""
+    from fastapi.routing import APIRoute
+
+    from serving.api.errors import ERROR_RESPONSES
+
+    for r in app.routes:
+        if isinstance(r, APIRoute):
+            r.responses = {**ERROR_RESPONSES, **r.responses}
 
 
 async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None) -> None:
@@ -182,8 +196,12 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     url = s.resolved_db_url()
     upgrade(url)
     db = app.state.db = make_engine(url)
-    app.state.keys = KeyStore(db)
+    app.state.keys = KeyStore(db, cache_s=s.key_cache_s)
     metrics = app.state.metrics = Metrics()
+    from serving.limits import KeyLimiter
+
+    app.state.limiter = KeyLimiter(s.role_limits, retry_after_s=s.retry_after_s,
+                                   on_limited=lambda role, why: metrics.limited.labels(role, why).inc())
     if s.bootstrap_keys and count_keys(db) == 0:
         admin, client = create_key(db, "admin", "bootstrap"), create_key(db, "client", "bootstrap")
         # printed once, on stdout only: never logged, never shown again

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Callable
@@ -19,7 +20,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from serving.api.errors import APIError
 from serving.db.models import ROLES, ApiKeyRow
+from serving.limits import Limited
 
 # what each role may do; admin may do everything
 ROLE_GRANTS = {
@@ -51,7 +54,7 @@ class Principal:
 
 
 def _hash(salt: str, key: str) -> str:
-    return hashlib.sha256((salt + key).encode()).hexdigest()
+    return hashlib.sha256((salt + key).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def create_key(engine: Engine, role: str, name: str | None = None) -> str:
@@ -72,34 +75,51 @@ def count_keys(engine: Engine) -> int:
 
 
 class KeyStore:
-    def __init__(self, engine: Engine) -> None:
+    """Verified keys are cached by the key's hash for `cache_s` seconds, then checked
+    against the database again, so a key revoked by another process (`triage keys
+    revoke`) stops working within `cache_s` without a restart; the API's own revocation
+    (`forget`) takes effect at once. While the database is unreachable a cached key keeps
+    working (a stale entry rather than locking everyone out)."""
+
+    def __init__(self, engine: Engine, cache_s: float = 5.0) -> None:
         self.engine = engine
-        self._cache: dict[str, Principal] = {}
+        self.cache_s = cache_s
+        self._cache: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
 
-    def check(self, key: str) -> Principal:
-        digest = hashlib.sha256(key.encode()).hexdigest()
+    def forget(self, key_id: str) -> None:
         with self._lock:
-            p = self._cache.get(digest)
-        if p is not None:
-            return p
+            for d in [d for d, (p, _) in self._cache.items() if p.key_id == key_id]:
+                del self._cache[d]
+
+    def check(self, key: str) -> Principal:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and now - hit[1] < self.cache_s:
+            return hit[0]
         parts = key.split("_")
-        if len(parts) < 3 or parts[0] != "tri":
+        if len(parts) < 3 or parts[0] != "tri" or len(parts[1]) > 32:
             raise AuthError(401, "invalid API key")
         kid = parts[1]
         try:
             with Session(self.engine) as s:
                 row = s.get(ApiKeyRow, kid)
         except Exception:
+            if hit is not None:
+                return hit[0]
             raise AuthError(503, "key store unavailable (database unreachable) and key not cached") from None
         # compare even when the row is missing so timing says nothing about ids
         salt, stored = (row.salt, row.hash) if row else ("x" * 32, "0" * 64)
         ok = hmac.compare_digest(_hash(salt, key), stored)
         if not ok or row is None or row.revoked:
-            raise AuthError(401, "invalid API key")
+            with self._lock:
+                self._cache.pop(digest, None)
+            raise AuthError(401, "invalid API key" if not (ok and row is not None) else "this API key has been revoked")
         p = Principal(kid, row.role)
         with self._lock:
-            self._cache[digest] = p
+            self._cache[digest] = (p, now)
         return p
 
 
@@ -111,9 +131,20 @@ def bearer(request: Request) -> str:
     return token.strip()
 
 
+def rate_limit(request: Request, p: Principal) -> None:
+    """The key's request rate (serving/limits.py): 429 with Retry-After when over it."""
+    limiter = getattr(request.app.state, "limiter", None)
+    if limiter is not None:
+        try:
+            limiter.hit(p)
+        except Limited as e:
+            raise APIError(429, e.message, code="rate_limited", headers={"Retry-After": str(e.retry_after)}) from None
+
+
 def require(role: str) -> Callable[[Request], Principal]:
     def dep(request: Request) -> Principal:
         p = request.app.state.keys.check(bearer(request))
+        rate_limit(request, p)
         if not p.can(role):
             raise AuthError(403, f"this key's role ({p.role}) may not use this endpoint (needs {role})")
         return p
@@ -125,3 +156,4 @@ def require(role: str) -> Callable[[Request], Principal]:
 ClientKey = Annotated[Principal, Depends(require("client"))]
 OperatorKey = Annotated[Principal, Depends(require("operator"))]
 AuditorKey = Annotated[Principal, Depends(require("auditor"))]
+AdminKey = Annotated[Principal, Depends(require("admin"))]

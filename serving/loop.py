@@ -90,6 +90,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     store_prompt: bool = False
+    on_finish: Any = None   # called once when the job ends however it ends (the key's concurrency slot)
 
     @property
     def predicted_level(self) -> int | None:
@@ -326,6 +327,8 @@ class Frontend:
             return
         job.stage = "done"
         self.jobs.pop(job.id, None)
+        if job.on_finish is not None:
+            job.on_finish()
         lv = str(job.level)
         self.metrics.requests.labels(lv, outcome).inc()
         finish = job.token_times[-1] if job.token_times else time.time()

@@ -17,6 +17,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serving.limits import DEFAULT_ROLE_LIMITS, RoleLimit
+
 
 class UnsafeSettings(ValueError):
     pass
@@ -79,8 +81,6 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(2, gt=0)
     max_body_bytes: int = Field(1_000_000, gt=0)
 
-    # predictors
-    predictor_strategy: Literal["immediate", "full"] = "immediate"
     # engine supervision (serving/supervisor.py; vllm backend): a dead engine is restarted at
     # once; after a failed restart the next waits backoff_s, doubling up to backoff_max_s. A
     # restart fails when the engine does not start within start_timeout_s or dies again within
@@ -96,9 +96,16 @@ class Settings(BaseSettings):
     # graceful drain (serving/drain.py): on SIGTERM in-flight calls get this long to finish
     drain_timeout_s: float = Field(30.0, gt=0)
 
+    # predictors
+    predictor_strategy: Literal["immediate", "full"] = "immediate"
     predictor_threads: int = Field(1, gt=0)
     predictor_runtime: Literal["auto", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX Runtime (see predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors
+
+    # abuse limits per API key, by role (serving/limits.py); env: JSON, e.g.
+    # TRIAGE_ROLE_LIMITS='{"client": {"rps": 10, "burst": 20, "concurrency": 32}}' (other roles keep defaults)
+    role_limits: dict[str, RoleLimit] = Field(default_factory=lambda: dict(DEFAULT_ROLE_LIMITS))
+    key_cache_s: float = Field(5.0, ge=0)       # a key revoked elsewhere (CLI) stops working within this
 
     # first start
     bootstrap_keys: bool = True                 # create admin + client keys on an empty key table
@@ -109,6 +116,10 @@ class Settings(BaseSettings):
             raise UnsafeSettings(
                 f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
                 "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
+        unknown = set(self.role_limits) - set(DEFAULT_ROLE_LIMITS)
+        if unknown:
+            raise ValueError(f"role_limits: unknown role(s) {sorted(unknown)}; roles: {', '.join(DEFAULT_ROLE_LIMITS)}")
+        self.role_limits = {**DEFAULT_ROLE_LIMITS, **self.role_limits}
         if self.backend == "remote":
             from serving.backends.remote import parse_instances
             from triage.routing import ROUTERS

@@ -12,9 +12,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from serving.api.errors import APIError
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest, TriageRequest
 from serving.auth import ClientKey, Principal
+from serving.limits import Limited
 from serving.loop import Job, Shed, new_request_id
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+# with "stream": true the answer is server-sent events (one JSON chunk per `data:` line)
+STREAM_RESPONSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                         "description": "the completion (JSON), or with stream=true server-sent events"}}
 
 
 @router.get("/models")
@@ -91,6 +95,13 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
               client_request_id=body.client_request_id, model=s.served_model_name, override_level=override,
               custom_slo=custom, store_prompt=s.store_prompts, arrival=received,
               params=body.sampling(getattr(backend, "sampling_defaults", None) or {}))
+    limiter = getattr(app.state, "limiter", None)
+    if limiter is not None:   # the key's cap on queued + running requests (serving/limits.py)
+        try:
+            job.on_finish = limiter.acquire(principal)
+        except Limited as e:
+            raise APIError(429, e.message, code="concurrency_limited",
+                           headers={"Retry-After": str(e.retry_after)}) from None
     fe.submit(job)
     return job
 
@@ -208,7 +219,7 @@ async def _respond(request: Request, job: Job, body, chat: bool):
                         headers={"X-Triage-Request-Id": job.id, "X-Triage-Level": str(job.level)})
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAM_RESPONSE)
 async def chat_completions(request: Request, body: ChatCompletionRequest, principal: ClientKey):
     backend = request.app.state.backend
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -219,7 +230,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, princi
     return await _respond(request, job, body, chat=True)
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAM_RESPONSE)
 async def completions(request: Request, body: CompletionRequest, principal: ClientKey):
     job = await _submit(request, principal, body, "completion", body.prompt, body.prompt, body.max_tokens)
     return await _respond(request, job, body, chat=False)

@@ -12,11 +12,46 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def bad_text(v: Any, path: str = "", depth: int = 0) -> str | None:
+    """The first string in a JSON value that no database or tokenizer takes safely: a NUL
+    character (PostgreSQL text refuses it) or an unpaired UTF-16 surrogate (not Unicode:
+    it cannot be encoded as UTF-8). None when all strings are clean."""
+    if isinstance(v, str):
+        if "\x00" in v:
+            return f"{path or 'body'}: contains a NUL character"
+        if any("\ud800" <= ch <= "\udfff" for ch in v):
+            return f"{path or 'body'}: contains an unpaired surrogate (not valid Unicode)"
+        return None
+    if depth > 32:
+        return None   # deeper values are refused by the models' own types
+    if isinstance(v, dict):
+        items = v.items()
+    elif isinstance(v, list):
+        items = enumerate(v)
+    else:
+        return None
+    for k, x in items:
+        sub = f"{path}.{k}" if path else str(k)
+        why = bad_text(k, sub, depth + 1) if isinstance(k, str) else None
+        why = why or bad_text(x, sub, depth + 1)
+        if why:
+            return why
+    return None
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_text(cls, v):
+        why = bad_text(v)
+        if why:
+            raise ValueError(why)
+        return v
 
 
 class SLO(Strict):
@@ -243,3 +278,17 @@ class ClassesBody(Strict):
     w_first: float | None = Field(None, gt=0)
     w_decode: float | None = Field(None, gt=0)
     version: int | None = None   # ignored on input: the server assigns the next version
+    escalate_below: float | None = Field(None, gt=0, le=1, description=(
+        "the urgency model's escalation threshold: raise a call to level 2 when P(level 1-2) reaches it "
+        "(omitted: unchanged)"))
+    reason: str | None = Field(None, max_length=2000, description="why this version (shown in the history)")
+
+
+class RollbackBody(Strict):
+    version: int = Field(..., ge=1)
+    reason: str | None = Field(None, max_length=2000)
+
+
+class KeyCreateBody(Strict):
+    role: Literal["client", "operator", "auditor", "admin"]
+    name: str | None = Field(None, max_length=128, description="a note for people (not secret)")

@@ -89,7 +89,9 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                     "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),
                     "TRIAGE_MAX_MODEL_LEN": str(sizes.max_model_len), "TRIAGE_KV_CACHE_GIB": str(sizes.kv_cache_gib),
-                    "TRIAGE_MODEL": model, **(triage_env or {})})
+                    "TRIAGE_MODEL": model,
+                    # a benchmark's one client key sends every call: per-key abuse limits off
+                    "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS, **(triage_env or {})})
         return [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"], env
     if name in ("vllm-fcfs", "vllm-priority"):
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -101,6 +103,8 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
     raise BenchError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)}")
 
 
+BENCH_ROLE_LIMITS = ('{"client": {"rps": 100000, "burst": 100000, "concurrency": 100000}, '
+                     '"admin": {"rps": 100000, "burst": 100000, "concurrency": 100000}}')
 KEY_LINE = re.compile(r"^\s+client\s+(\S+)\s*$", re.M)
 
 

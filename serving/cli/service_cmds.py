@@ -89,19 +89,81 @@ def keys_create(
     name: Annotated[Optional[str], typer.Option(help="a note for people (not secret)")] = None,
 ) -> None:
     """Create an API key; prints the key alone on stdout (it is stored hashed)."""
-    from serving.auth import create_key
     from serving.db.models import ROLES
-    from serving.db.session import make_engine, upgrade
+    from serving.key_admin import create
 
     if role not in ROLES:
         typer.echo(f"error: unknown role {role!r}; roles: {', '.join(ROLES)}", err=True)
         raise typer.Exit(2)
-    s = _settings(db_url=db)
-    url = s.resolved_db_url()
-    upgrade(url)
-    eng = make_engine(url)
+    eng, spool = _key_db(db)
     try:
-        key = create_key(eng, role, name)
+        _, key, rec = create(eng, role, name, "cli")
+        _audited(eng, spool, rec)   # an audit event names the key id and role, never the secret
+    finally:
+        eng.dispose()
+    sys.stdout.write(key + "\n")
+
+
+def _key_db(db):
+    from serving.db.session import make_engine, upgrade
+
+    url = _settings(db_url=db).resolved_db_url()
+    upgrade(url)
+    return make_engine(url), _settings(db_url=db).resolved_spool_path()
+
+
+def _audited(eng, spool, rec) -> None:
+    from serving.db.writer import AuditWriter
+
+    AuditWriter(eng, spool).write_now([rec])
+
+
+@keys_app.command("list")
+def keys_list(db: DbOpt = None) -> None:
+    """List API keys (id, role, name, created, revoked); never the secrets."""
+    from serving.key_admin import list_keys
+
+    eng, _ = _key_db(db)
+    try:
+        for k in list_keys(eng):
+            typer.echo(f"{k['id']}  {k['role']:<8}  {'revoked' if k['revoked'] else 'active ':<7}  "
+                       f"{k['created_at']}  {k['name'] or ''}")
+    finally:
+        eng.dispose()
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="the key's id (tri_<id>_...)")], db: DbOpt = None) -> None:
+    """Revoke a key. A running server refuses it within `key_cache_s` (5 s), no restart."""
+    from serving.key_admin import KeyNotFound, LastAdmin, revoke
+
+    eng, spool = _key_db(db)
+    try:
+        out, rec = revoke(eng, key_id, "cli")
+        _audited(eng, spool, rec)
+    except (KeyNotFound, LastAdmin) as e:
+        typer.echo(f"error: {e if isinstance(e, LastAdmin) else f'no API key with id {key_id!r}'}", err=True)
+        raise typer.Exit(2)
+    finally:
+        eng.dispose()
+    typer.echo(f"revoked {out['id']} ({out['role']})", err=True)
+
+
+@keys_app.command("rotate")
+def keys_rotate(key_id: Annotated[str, typer.Argument(help="the key's id")], db: DbOpt = None) -> None:
+    """Issue a new key with the same role and name and revoke the old one; prints the new key alone on stdout."""
+    from serving.key_admin import KeyNotFound, rotate
+
+    eng, spool = _key_db(db)
+    try:
+        out, key, rec = rotate(eng, key_id, "cli")
+        _audited(eng, spool, rec)
+    except KeyNotFound:
+        typer.echo(f"error: no API key with id {key_id!r}", err=True)
+        raise typer.Exit(2)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     finally:
         eng.dispose()
     sys.stdout.write(key + "\n")

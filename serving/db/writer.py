@@ -103,6 +103,11 @@ class AuditWriter:
                 self._cv.wait(left)
         return True
 
+    def write_now(self, items: list[Record]) -> None:
+        """Write records in the calling thread, one transaction, now (one-off tools such as
+        `triage keys revoke`; the chain lock keeps a running server's writer in order)."""
+        self._write(items)
+
     def spool_lines(self) -> int:
         try:
             with self.spool_path.open("rb") as f:

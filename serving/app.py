@@ -25,9 +25,6 @@ from serving.settings import Settings
 
 log = logging.getLogger("serving")
 
-STATIC = Path(__file__).parent / "static"
-
-
 class BodyLimit:
     """Pure ASGI middleware: refuse bodies over `limit` bytes with 413 (header or stream)."""
 
@@ -117,6 +114,13 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
     app.include_router(admin_routes.router)
     app.include_router(key_routes.router)
     app.include_router(audit_routes.router)
+    from serving.api import class_routes, console_routes, history_routes, series_routes
+
+    app.include_router(class_routes.router)
+    app.include_router(history_routes.router)
+    app.include_router(series_routes.router)
+    app.include_router(console_routes.router)   # the operator console: /ui/...
+    console_routes.mount_static(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict:
@@ -143,13 +147,6 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
         m.audit_spool.set(request.app.state.writer.spool_lines())
         m.db_up.set(1 if request.app.state.writer.db_ok else 0)
         return Response(m.render(), media_type="text/plain; version=0.0.4")
-
-    if STATIC.is_dir():
-        from fastapi.responses import FileResponse
-
-        @app.get("/ui", include_in_schema=False)
-        async def ui():
-            return FileResponse(STATIC / "index.html")
 
     # the body limit reads settings at start-up through a late-bound wrapper
     class _LateBodyLimit:
@@ -196,6 +193,9 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     url = s.resolved_db_url()
     upgrade(url)
     db = app.state.db = make_engine(url)
+    from serving.console.sessions import SessionStore
+
+    app.state.sessions = SessionStore()
     app.state.keys = KeyStore(db, cache_s=s.key_cache_s)
     metrics = app.state.metrics = Metrics()
     from serving.limits import KeyLimiter
@@ -208,25 +208,34 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
         sys.stdout.write("First start: created API keys (shown only now; store them):\n"
                          f"  admin  {admin}\n  client {client}\n")
         sys.stdout.flush()
-    classes, stored = _load_classes(db, s)
+    classes, stored, escalate_below = _load_classes(db, s)
     writer = app.state.writer = AuditWriter(
         db, s.resolved_spool_path(), batch=s.writer_batch, interval_s=s.writer_interval_s, retry_s=s.db_retry_s,
         on_state=lambda state, n: metrics.db_up.set(1 if state == "ok" else 0)).start()
-    if not stored:
-        import time
-
-        rows = [{"version": classes.version, "level": c["level"], "name": c["name"], "weight": c["weight"],
-                 "ttft": c["ttft"], "tpot": c["tpot"], "w_first": classes.w_first, "w_decode": classes.w_decode,
-                 "actor": "system", "created": time.time()} for c in classes.to_dict()["classes"]]
-        writer.submit(Record("classes.loaded", time.time(), "system", None, classes.to_dict(), "priority_classes", rows))
     if predictor is None:
         predictor = await _start_predictor(s)
         app.state.own_predictor = True
     app.state.predictor = predictor
+    from serving.api.class_routes import apply_threshold, trained_threshold
+
+    if escalate_below is not None:   # the stored version's threshold wins over the trained one
+        apply_threshold(predictor, escalate_below)
+    escalate_below = trained_threshold(predictor)[1]
+    if not stored:
+        import time
+
+        now = time.time()
+        rows = [{"version": classes.version, "level": c["level"], "name": c["name"], "weight": c["weight"],
+                 "ttft": c["ttft"], "tpot": c["tpot"], "w_first": classes.w_first, "w_decode": classes.w_decode,
+                 "actor": "system", "created": now, "escalate_below": escalate_below, "reason": "first start"}
+                for c in classes.to_dict()["classes"]]
+        writer.submit(Record("classes.loaded", now, "system", None, {**classes.to_dict(), "escalate_below": escalate_below},
+                             "priority_classes", rows))
     backend = app.state.backend = make_backend(s, classes, metrics, engine=engine)
     await backend.start()
     fe = app.state.frontend = Frontend(backend, classes, writer, metrics, max_queue=s.max_queue,
-                                       max_inflight=s.max_inflight, retry_after_s=s.retry_after_s)
+                                       max_inflight=s.max_inflight, retry_after_s=s.retry_after_s,
+                                       escalate_below=escalate_below)
     await fe.start()
     log.info("triage service ready: backend %s, database %s, classes v%d", backend.name,
              db.url.render_as_string(hide_password=True), classes.version)
@@ -262,10 +271,10 @@ def _load_classes(db, s: Settings):
             rows = list(sess.scalars(select(PriorityClassRow).where(PriorityClassRow.version == v)))
             cls = PriorityClasses({r.level: PriorityClass(r.level, r.name, r.weight, r.ttft, r.tpot) for r in rows},
                                   v, rows[0].w_first, rows[0].w_decode)
-            return cls, True
+            return cls, True, rows[0].escalate_below
     scale = _profile_slo_scale(s)
     classes = load_classes(s.classes_file)
-    return (classes.scaled(scale) if scale != 1.0 else classes), False
+    return (classes.scaled(scale) if scale != 1.0 else classes), False, None
 
 
 def _profile_slo_scale(s: Settings) -> float:

@@ -131,6 +131,28 @@ def bearer(request: Request) -> str:
     return token.strip()
 
 
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def principal(request: Request) -> Principal:
+    """Who is calling: the bearer key, else the console's session cookie (whose CSRF
+    token must come back in a header on anything but a read)."""
+    if request.headers.get("authorization"):
+        return request.app.state.keys.check(bearer(request))
+    from serving.console.sessions import COOKIE, CSRF_HEADER
+
+    sid = request.cookies.get(COOKIE)
+    store = getattr(request.app.state, "sessions", None)
+    if sid and store is not None:
+        s = store.get(sid)
+        if s is None:
+            raise AuthError(401, "console session expired or unknown: log in again at /ui/login")
+        if request.method not in SAFE_METHODS and not hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), s.csrf):
+            raise AuthError(403, f"missing or wrong {CSRF_HEADER} header for a console session")
+        return request.app.state.keys.check(s.key)   # a revoked key ends its sessions too
+    return request.app.state.keys.check(bearer(request))
+
+
 def rate_limit(request: Request, p: Principal) -> None:
     """The key's request rate (serving/limits.py): 429 with Retry-After when over it."""
     limiter = getattr(request.app.state, "limiter", None)
@@ -142,18 +164,26 @@ def rate_limit(request: Request, p: Principal) -> None:
 
 
 def require(role: str) -> Callable[[Request], Principal]:
+    return require_any(role)
+
+
+def require_any(*roles: str) -> Callable[[Request], Principal]:
+    """A dependency admitting a caller whose role grants any of `roles`."""
+
     def dep(request: Request) -> Principal:
-        p = request.app.state.keys.check(bearer(request))
+        p = principal(request)
         rate_limit(request, p)
-        if not p.can(role):
-            raise AuthError(403, f"this key's role ({p.role}) may not use this endpoint (needs {role})")
+        if not any(p.can(r) for r in roles):
+            raise AuthError(403, f"this key's role ({p.role}) may not use this endpoint (needs {' or '.join(roles)})")
         return p
 
-    dep.__name__ = f"require_{role}"
+    dep.__name__ = "require_" + "_or_".join(roles)
     return dep
 
 
 ClientKey = Annotated[Principal, Depends(require("client"))]
 OperatorKey = Annotated[Principal, Depends(require("operator"))]
 AuditorKey = Annotated[Principal, Depends(require("auditor"))]
+# reads that operators and auditors both need (the class table, the history log, the live queue)
+StaffKey = Annotated[Principal, Depends(require_any("operator", "auditor"))]
 AdminKey = Annotated[Principal, Depends(require("admin"))]

@@ -90,6 +90,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     store_prompt: bool = False
+    # the first words of the caller's message, for operators on the live queue: held in
+    # memory while the request lives, never stored or logged (serving/console/live.py)
+    preview: str = ""
     on_finish: Any = None   # called once when the job ends however it ends (the key's concurrency slot)
 
     @property
@@ -117,9 +120,11 @@ def new_request_id() -> str:
 
 class Frontend:
     def __init__(self, backend, classes: PriorityClasses, writer: AuditWriter, metrics: Metrics, *,
-                 max_queue: int, max_inflight: int, retry_after_s: int = 2) -> None:
+                 max_queue: int, max_inflight: int, retry_after_s: int = 2,
+                 escalate_below: float | None = None) -> None:
         self.backend = backend
         self.classes = classes
+        self.escalate_below = escalate_below   # the urgency model's threshold in force (versioned with the classes)
         self.writer = writer
         self.metrics = metrics
         self.max_queue = max_queue
@@ -286,12 +291,15 @@ class Frontend:
                 return i
         return None
 
-    async def set_classes(self, classes: PriorityClasses, actor: str) -> PriorityClasses:
+    async def set_classes(self, classes: PriorityClasses, actor: str, *, escalate_below: Any = "keep",
+                          reason: str | None = None) -> PriorityClasses:
         levels_in_use = {j.level for j in self.jobs.values() if j.stage != "done"}
         missing = levels_in_use - set(classes.levels)
         if missing:
             raise ClassError(f"levels {sorted(missing)} are in use by live requests")
         self.classes = classes
+        if escalate_below != "keep":
+            self.escalate_below = escalate_below
         for j in self.jobs.values():
             if j.stage != "done" and not j.custom_slo:
                 c = classes.get(j.level)
@@ -301,8 +309,10 @@ class Frontend:
         now = time.time()
         rows = [{"version": classes.version, "level": c["level"], "name": c["name"], "weight": c["weight"],
                  "ttft": c["ttft"], "tpot": c["tpot"], "w_first": classes.w_first, "w_decode": classes.w_decode,
-                 "actor": actor, "created": now} for c in classes.to_dict()["classes"]]
-        self.writer.submit(Record("classes.updated", now, actor, None, classes.to_dict(), "priority_classes", rows))
+                 "actor": actor, "created": now, "escalate_below": self.escalate_below, "reason": reason}
+                for c in classes.to_dict()["classes"]]
+        payload = {**classes.to_dict(), "escalate_below": self.escalate_below, "reason": reason}
+        self.writer.submit(Record("classes.updated", now, actor, None, payload, "priority_classes", rows))
         self._gauge()
         self._wake.set()
         return classes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections import defaultdict
 from datetime import datetime
 from typing import Literal
@@ -61,6 +62,7 @@ def latency_report(rows, group_by: str) -> list[dict]:
         out.append({
             group_by: key, "count": len(rs), "served": len(served),
             "shed": sum(r.outcome == "shed" for r in rs), "aborted": sum(r.outcome == "aborted" for r in rs),
+            "errored": sum(r.outcome == "error" for r in rs),
             "slo_attainment": round(sum(bool(r.slo_met) for r in rs) / len(rs), 6),
             "tdg_ratio": round(sum(r.tdg_gain or 0.0 for r in rs) / ideal, 6) if ideal else None,
             "ttft_p50": _pct(ttft, 50), "ttft_p95": _pct(ttft, 95), "ttft_p99": _pct(ttft, 99),
@@ -110,7 +112,7 @@ def _row_dict(obj) -> dict:
 
 
 @router.get("/requests/{request_id}")
-async def audit_request(request: Request, request_id: str, _: AuditorKey) -> dict:
+async def audit_request(request: Request, request_id: str, who: AuditorKey) -> dict:
     app = request.app
 
     def load():
@@ -129,7 +131,11 @@ async def audit_request(request: Request, request_id: str, _: AuditorKey) -> dic
         if request_id in app.state.frontend.jobs:
             raise APIError(404, f"request {request_id!r} is still live; its record is written when it finishes")
         raise APIError(404, f"no request {request_id!r}")
-    return {"request": _row_dict(r), "relabels": [_row_dict(x) for x in rel],
+    rec = _row_dict(r)
+    if not who.can("operator"):   # auditors never see message text, even where store_prompts kept it
+        rec["prompt_redacted"] = rec.get("prompt") is not None
+        rec["prompt"] = None
+    return {"request": rec, "relabels": [_row_dict(x) for x in rel],
             "events": [{**_row_dict(e), "payload": json.loads(e.payload)} for e in ev]}
 
 
@@ -146,4 +152,38 @@ async def audit_verify(request: Request, _: AuditorKey):
     except Exception as e:
         raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
     res["spooled_pending"] = app.state.writer.spool_lines()
+    res["checked_at"] = time.time()
+    app.state.last_verify = res
     return JSONResponse(res, status_code=200 if res["ok"] else 409)
+
+
+@router.get("/verify/last")
+async def audit_verify_last(request: Request, _: AuditorKey) -> dict:
+    """The last chain check this process ran (`checked_at` null: none yet), without running one."""
+    return getattr(request.app.state, "last_verify", None) or {"ok": None, "checked_at": None}
+
+
+@router.get("/export")
+async def audit_export(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None):
+    """The hash-chained audit events as JSON lines (id, at, kind, actor, request_id,
+    payload, prev_hash, hash): enough to re-verify the chain elsewhere. No message text."""
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    app = request.app
+
+    def load():
+        app.state.writer.sync(5.0)
+        q = select(AuditEventRow).order_by(AuditEventRow.id)
+        if t0 is not None:
+            q = q.where(AuditEventRow.at >= t0)
+        if t1 is not None:
+            q = q.where(AuditEventRow.at < t1)
+        with Session(app.state.db) as s:
+            return [json.dumps({**_row_dict(e), "payload": json.loads(e.payload)}, sort_keys=True) + "\n"
+                    for e in s.scalars(q)]
+
+    try:
+        lines = await run_in_threadpool(load)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    return Response("".join(lines), media_type="application/x-ndjson",
+                    headers={"Content-Disposition": 'attachment; filename="triage-audit.jsonl"'})

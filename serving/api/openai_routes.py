@@ -13,6 +13,7 @@ from serving.api.errors import APIError
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest, TriageRequest
 from serving.auth import ClientKey, Principal
 from serving.limits import Limited
+from serving.console.live import preview_words
 from serving.loop import Job, Shed, new_request_id
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -93,7 +94,7 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
     job = Job(id=new_request_id(), seq=fe.next_seq(), endpoint=endpoint, prompt=prompt, prompt_tokens=n_prompt,
               max_tokens=max_tokens, prediction=pred, ttft_slo=ttft, tpot_slo=tpot, key_id=principal.key_id,
               client_request_id=body.client_request_id, model=s.served_model_name, override_level=override,
-              custom_slo=custom, store_prompt=s.store_prompts, arrival=received,
+              custom_slo=custom, store_prompt=s.store_prompts, arrival=received, preview=preview_words(classify_text),
               params=body.sampling(getattr(backend, "sampling_defaults", None) or {}))
     limiter = getattr(app.state, "limiter", None)
     if limiter is not None:   # the key's cap on queued + running requests (serving/limits.py)

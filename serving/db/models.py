@@ -77,6 +77,9 @@ class PriorityClassRow(Base):
     w_decode: Mapped[float] = mapped_column(Float)
     actor: Mapped[str | None] = mapped_column(String(64))
     created: Mapped[float] = mapped_column(Float)
+    # the urgency model's escalation threshold in force with this version (None: off / not known)
+    escalate_below: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text)    # why the editor made this version
 
     __table_args__ = (UniqueConstraint("version", "level", name="uq_priority_classes_version_level"),)
 

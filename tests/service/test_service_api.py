@@ -299,10 +299,15 @@ def test_metrics_and_health(svc):
     assert 'level="' in m
 
 
-def test_operator_page_is_served(svc):
-    r = svc.client().get("/ui")
-    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
-    assert "/admin/queue" in r.text and "/audit/latency" in r.text and "PATCH" in r.text
+def test_operator_console_is_served(svc):
+    # the console's pages need a session: without one they send you to sign in
+    r = svc.client().get("/ui/queue")
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=/ui/queue"
+    r = svc.client().get("/ui/login")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"] and "default-src 'self'" in r.headers["content-security-policy"]
+    assert svc.client().get("/ui/static/console/queue.js").status_code == 200
+    assert svc.client().get("/ui/static/vendor/uplot/uPlot.iife.min.js").status_code == 200
+    assert svc.client().get("/ui/nowhere").status_code == 404
 
 
 def test_full_queue_sheds_least_urgent_never_level1(tmp_path, predictors_dir):

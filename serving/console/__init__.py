@@ -1,0 +1,1 @@
+"""The operator console: login sessions, the live queue view, the pages' routes."""

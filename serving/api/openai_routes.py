@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from serving.api.errors import APIError
+from serving.api.interop import with_interop_headers
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest, TriageRequest
 from serving.auth import ClientKey, Principal
 from serving.limits import Limited
@@ -52,6 +53,7 @@ async def triage(request: Request, body: TriageRequest, _: ClientKey) -> dict:
 async def _submit(request: Request, principal: Principal, body, endpoint: str, prompt: str, classify_text: str,
                   max_tokens: int | None) -> Job:
     received = time.time()   # the call's arrival: TTFT and deadlines count classification too
+    body = with_interop_headers(request.headers, body)   # X-Vllm-Priority, x-llm-d-slo-* (serving/api/interop.py)
     app = request.app
     s = app.state.settings
     fe = app.state.frontend

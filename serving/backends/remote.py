@@ -135,6 +135,28 @@ class RemoteBackend:
         self._tokenizer = None
         self._defaults: dict = {}
         self.model_dir: Path | None = None
+        self._m = self._register_metrics(metrics)
+
+    def _register_metrics(self, metrics) -> dict:
+        """Per-instance series on the service's registry (docs/grafana/triage-cluster.json)."""
+        if metrics is None or getattr(metrics, "registry", None) is None:
+            return {}
+        from prometheus_client import Counter, Gauge
+
+        r = metrics.registry
+        up = Gauge("triage_instance_up", "1 while an engine instance is in rotation (0 down, -1 refused)",
+                   ["instance"], registry=r)
+        inflight = Gauge("triage_instance_in_flight", "Requests this front end has on the instance", ["instance"],
+                         registry=r)
+        for i in self.instances:
+            up.labels(i.url).set_function(lambda i=i: 1.0 if i.state == UP else (-1.0 if i.state == REFUSED else 0.0))
+            inflight.labels(i.url).set_function(lambda i=i: float(len(i.sent)))
+        return {"routed": Counter("triage_routed_total", "Requests dispatched, by instance and router",
+                                  ["instance", "router"], registry=r),
+                "rerouted": Counter("triage_rerouted_total", "Requests sent again elsewhere before any token",
+                                    ["reason"], registry=r),
+                "lost": Counter("triage_instance_lost_total", "Streams ended by an instance fault after tokens",
+                                ["instance"], registry=r)}
 
     # --- lifecycle -------------------------------------------------------------------------
     @property
@@ -255,6 +277,8 @@ class RemoteBackend:
             inst.on_sent(r, now)
             self.dispatch.routed += 1
             self.dispatch.by_instance[inst.url] = self.dispatch.by_instance.get(inst.url, 0) + 1
+            if self._m:
+                self._m["routed"].labels(inst.url, self.router_name).inc()
             try:
                 async for ev in self._stream(inst, req, r):
                     yield ev
@@ -273,10 +297,14 @@ class RemoteBackend:
                 if tries >= 2 * len(self.instances) and not (e.full and urgent):
                     raise InstancesUnavailable(f"request {req.request_id} failed on {tries} tries; last: {e}") from None
                 self.dispatch.rerouted += 1
+                if self._m:
+                    self._m["rerouted"].labels("queue_full" if e.full else "instance_fault").inc()
                 log.warning("request %s re-routed (no token sent yet): %s on %s", req.request_id, e, inst.url)
                 continue
             except InstanceLost:
                 self.dispatch.lost_midstream += 1
+                if self._m:
+                    self._m["lost"].labels(inst.url).inc()
                 inst.counters["errors"] += 1
                 raise
             finally:

@@ -123,7 +123,12 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
     console_routes.mount_static(app)
 
     @app.get("/healthz", tags=["health"])
-    async def healthz() -> dict:
+    async def healthz(request: Request):
+        """Liveness: fails only when engine restarts keep failing (serving/supervisor.py), so
+        that an outside supervisor restarts the process; a restart in progress or a drain is alive."""
+        sup = getattr(request.app.state, "supervisor", None)
+        if sup is not None and not sup.live:
+            return JSONResponse({"ok": False, "engine": sup.status()}, status_code=503)
         return {"ok": True}
 
     @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready: the same body, ready false"}})
@@ -135,8 +140,11 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
         st = request.app.state
         engine_ok = bool(getattr(st, "backend", None) and st.backend.ready)
         db_ok = await run_in_threadpool(ping, st.db) if getattr(st, "db", None) is not None else False
-        body = {"ready": engine_ok and db_ok, "engine": engine_ok, "database": db_ok,
-                "audit_spool": st.writer.spool_lines() if getattr(st, "writer", None) else None}
+        draining = bool(getattr(st, "frontend", None) and st.frontend.draining)
+        sup = getattr(st, "supervisor", None)
+        body = {"ready": engine_ok and db_ok and not draining, "engine": engine_ok, "database": db_ok,
+                "audit_spool": st.writer.spool_lines() if getattr(st, "writer", None) else None,
+                "draining": draining, "engine_state": sup.state if sup is not None else ("up" if engine_ok else "down")}
         if hasattr(getattr(st, "backend", None), "instances_status"):   # remote: which instances, and why not
             body["instances"] = st.backend.instances_status()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
@@ -235,8 +243,14 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     await backend.start()
     fe = app.state.frontend = Frontend(backend, classes, writer, metrics, max_queue=s.max_queue,
                                        max_inflight=s.max_inflight, retry_after_s=s.retry_after_s,
-                                       escalate_below=escalate_below)
+                                       escalate_below=escalate_below,
+                                       max_requeues=s.engine_max_requeues)
     await fe.start()
+    if hasattr(backend, "restart"):   # an engine that can die is supervised (serving/supervisor.py)
+        from serving.supervisor import EngineSupervisor, RestartLimits
+
+        app.state.supervisor = EngineSupervisor(backend, metrics, RestartLimits.from_settings(s),
+                                                on_up=fe.wake).start()
     log.info("triage service ready: backend %s, database %s, classes v%d", backend.name,
              db.url.render_as_string(hide_password=True), classes.version)
 
@@ -295,6 +309,8 @@ def _profile_slo_scale(s: Settings) -> float:
 
 async def _shutdown(app: FastAPI) -> None:
     st = app.state
+    if getattr(st, "supervisor", None):
+        await st.supervisor.stop()
     if getattr(st, "frontend", None):
         await st.frontend.stop()
     if getattr(st, "backend", None):

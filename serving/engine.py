@@ -155,6 +155,7 @@ class TriageEngine:
         self._stats_task: asyncio.Task | None = None
         self._generation_defaults: dict = {}
         self._seed_warned = False
+        self._restart_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -165,7 +166,12 @@ class TriageEngine:
 
         args = self.config.engine_args()
         t0 = time.time()
-        self._llm = AsyncLLM.from_engine_args(args)
+        # built in a worker thread: the event loop keeps answering (health checks, new
+        # calls into the queue, streams) while the engine loads, e.g. during a restart
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        if hasattr(llm, "_run_output_handler"):   # vLLM starts it itself only when built on the loop
+            llm._run_output_handler()
+        self._llm = llm
         if cpu_only() and self.config.engine_nice > 0:
             lower_engine_priority(self.config.engine_nice)
         # The request defaults vLLM's own server applies (--generation-config, default
@@ -189,11 +195,27 @@ class TriageEngine:
             self._stats_task = None
         llm, self._llm = self._llm, None
         if llm is not None:
-            llm.shutdown()
+            await asyncio.to_thread(llm.shutdown)   # joins the engine's processes: off the loop
+
+    async def restart(self) -> bool:
+        """Replace a dead engine with a new one (same configuration). Returns False when
+        there was nothing to do: the engine is alive (another caller restarted it)."""
+        async with self._restart_lock:
+            if self._llm is not None and not self._llm.errored:
+                return False
+            await self.stop()
+            await self.start()
+            return True
 
     @property
     def ready(self) -> bool:
         return self._llm is not None and not self._llm.errored
+
+    @property
+    def dead(self) -> bool:
+        """The engine stopped on its own: its core process died (killed, out of memory) or
+        it raised (`EngineDeadError` for every request)."""
+        return self._llm is not None and bool(self._llm.errored)
 
     @property
     def max_model_len(self) -> int:
@@ -311,5 +333,9 @@ class TriageEngine:
 
     def step_stats(self) -> dict:
         """The scheduler's counters as of the last poll (every `stats_interval_s`):
-        steps, last step time, plan mismatches and repairs, preemptions, estimator error."""
-        return dict(self._stats)
+        steps, last step time, plan mismatches and repairs, preemptions, estimator error;
+        `unfinished`: requests vLLM's front end still holds (now; 0 when idle: nothing leaks)."""
+        out = dict(self._stats)
+        if self._llm is not None:
+            out["unfinished"] = int(self._llm.get_num_unfinished_requests())
+        return out

@@ -59,6 +59,26 @@ class NotFound(KeyError):
     pass
 
 
+class EngineRestarted(Exception):
+    """The engine died while this call was generating (or it had been re-queued too often)."""
+
+    def __init__(self, job: "Job") -> None:
+        if job.output_tokens:
+            msg = (f"the engine restarted while request {job.id} was generating ({job.output_tokens} tokens sent); "
+                   "the answer is incomplete: retry the request")
+        else:
+            msg = (f"the engine died {job.requeues + 1} times while request {job.id} waited for it; "
+                   "retry the request later")
+        super().__init__(msg)
+
+
+class ShuttingDown(Exception):
+    """The drain deadline passed before this call finished."""
+
+    def __init__(self, job: "Job") -> None:
+        super().__init__(f"the server shut down before request {job.id} finished; retry it on another instance")
+
+
 class Conflict(ValueError):
     pass
 
@@ -90,10 +110,13 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     store_prompt: bool = False
+    requeues: int = 0               # times re-queued after an engine death
+    cancelled: bool = False         # the client went away (outcome `cancelled`)
+    cut: str | None = None          # why the service ended it early (`shutdown`)
+    on_finish: Any = None   # called once when the job ends however it ends (the key's concurrency slot)
     # the first words of the caller's message, for operators on the live queue: held in
     # memory while the request lives, never stored or logged (serving/console/live.py)
     preview: str = ""
-    on_finish: Any = None   # called once when the job ends however it ends (the key's concurrency slot)
 
     @property
     def predicted_level(self) -> int | None:
@@ -120,7 +143,7 @@ def new_request_id() -> str:
 
 class Frontend:
     def __init__(self, backend, classes: PriorityClasses, writer: AuditWriter, metrics: Metrics, *,
-                 max_queue: int, max_inflight: int, retry_after_s: int = 2,
+                 max_queue: int, max_inflight: int, retry_after_s: int = 2, max_requeues: int = 2,
                  escalate_below: float | None = None) -> None:
         self.backend = backend
         self.classes = classes
@@ -130,6 +153,8 @@ class Frontend:
         self.max_queue = max_queue
         self.max_inflight = max_inflight
         self.retry_after_s = retry_after_s
+        self.max_requeues = max_requeues        # re-queues of one call after engine deaths
+        self.draining = False                   # SIGTERM: admit nothing new (serving/drain.py)
         self.arrivals: ArrivalBuffer[Job] = ArrivalBuffer()
         self.queue: DualHeap[Job] = DualHeap(key=lambda j: (j.level, j.predicted_output_len))
         self.running: dict[str, Job] = {}
@@ -158,6 +183,47 @@ class Frontend:
     def next_seq(self) -> int:
         return next(self._seq)
 
+    def wake(self) -> None:
+        """Look at the queue again (the engine is back after a restart)."""
+        self._wake.set()
+
+    # --- drain (serving/drain.py) ----------------------------------------------------------
+    @property
+    def live_jobs(self) -> int:
+        """Calls admitted and not finished: queued, waiting to be classified, or running."""
+        return len(self.jobs)
+
+    async def drain(self, timeout_s: float) -> dict:
+        """Stop admitting, let every admitted call finish within `timeout_s`, then end the
+        rest with a clear error (outcome `shutdown`; the engine's work is aborted)."""
+        self.draining = True
+        t0 = time.monotonic()
+        before = self.live_jobs
+        while self.jobs and time.monotonic() - t0 < timeout_s:
+            await asyncio.sleep(0.05)
+        cut = list(self.jobs.values())
+        for job in cut:
+            job.cut = "shutdown"
+            job.events.put_nowait(ShuttingDown(job))
+            if job.stage == "running" and job.task is not None:
+                try:
+                    await self.backend.abort(job.id)
+                except Exception as e:   # the engine may be gone already
+                    log.warning("abort of %s during shutdown failed: %s", job.id, e)
+                job.task.cancel()
+            else:
+                if job.id in self.queue:
+                    self.queue.remove(job.id)
+                self._finish(job, "shutdown")
+        for job in cut:
+            if job.task is not None:
+                try:
+                    await job.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        return {"in_flight": before, "finished": before - len(cut), "cut": len(cut),
+                "drain_s": round(time.monotonic() - t0, 3)}
+
     def slo_for(self, level: int) -> tuple[float, float]:
         c = self.classes.get(level)
         return c.ttft, c.tpot
@@ -170,11 +236,17 @@ class Frontend:
 
     async def cancel(self, job: Job) -> None:
         """The client went away: drop it wherever it is."""
+        if job.stage == "done":
+            return
+        job.cancelled = True
         if job.stage == "queued" and job.id in self.queue:
             self.queue.remove(job.id)
-            self._finish(job, "aborted")
+            self._finish(job, "cancelled")
         elif job.stage == "running":
-            await self.backend.abort(job.id)
+            try:
+                await self.backend.abort(job.id)
+            except Exception as e:   # the engine is down (restarting): nothing runs there to abort
+                log.warning("abort of %s failed: %s", job.id, e)
 
     # --- dispatcher ------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
@@ -189,8 +261,11 @@ class Frontend:
     def _admit_and_dispatch(self) -> None:
         self.arrivals.drain_into(self.queue)
         self._shed()
-        while self.queue and len(self.running) < self.max_inflight:
+        # nothing is handed to an engine that is down or restarting: calls wait in the queue
+        while self.queue and len(self.running) < self.max_inflight and self.backend.ready:
             job = self.queue.pop_min()
+            if job.stage == "done":   # ended while still in the arrival buffer (drain deadline)
+                continue
             self._start(job)
         self._gauge()
 
@@ -250,12 +325,45 @@ class Frontend:
             outcome = "aborted"
             raise
         except Exception as e:
-            log.exception("backend failed on request %s", job.id)
-            job.events.put_nowait(e)
+            if self._engine_failure(e):
+                outcome = self._after_engine_death(job)
+            else:
+                log.exception("backend failed on request %s", job.id)
+                job.events.put_nowait(e)
         finally:
             self.running.pop(job.id, None)
-            self._finish(job, outcome)
+            if outcome == "aborted" and (job.cut or job.cancelled):
+                outcome = job.cut or "cancelled"
+            if outcome == "requeued":
+                self._requeue(job)
+            else:
+                self._finish(job, outcome)
             self._wake.set()
+
+    # --- engine deaths (serving/supervisor.py restarts the engine) ---------------------------
+    def _engine_failure(self, e: Exception) -> bool:
+        test = getattr(self.backend, "is_engine_failure", None)
+        return bool(test and test(e)) or bool(getattr(self.backend, "dead", False))
+
+    def _after_engine_death(self, job: Job) -> str:
+        """A call that had streamed nothing goes back to the queue (served after the
+        restart, at most `max_requeues` times); one cut mid-stream ends with a clear error."""
+        if job.output_tokens == 0 and not job.cancelled and not job.cut and job.requeues < self.max_requeues:
+            return "requeued"
+        log.warning("request %s ended by an engine death after %d tokens", job.id, job.output_tokens)
+        job.events.put_nowait(EngineRestarted(job))
+        return "engine_restart"
+
+    def _requeue(self, job: Job) -> None:
+        job.requeues += 1
+        job.stage = "queued"
+        job.dispatched = None
+        job.task = None
+        job.token_times.clear()
+        job.preemptions = 0
+        self.queue.push(job)
+        self.metrics.requeued.inc()
+        log.info("request %s re-queued after an engine death (%d)", job.id, job.requeues)
 
     # --- operators -------------------------------------------------------------------------
     async def relabel(self, rid: str, level: int, actor: str, reason: str) -> dict:

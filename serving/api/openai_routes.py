@@ -13,9 +13,9 @@ from serving.api.errors import APIError
 from serving.api.interop import with_interop_headers
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest, TriageRequest
 from serving.auth import ClientKey, Principal
-from serving.limits import Limited
 from serving.console.live import preview_words
-from serving.loop import Job, Shed, new_request_id
+from serving.limits import Limited
+from serving.loop import EngineRestarted, Job, Shed, ShuttingDown, new_request_id
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 # with "stream": true the answer is server-sent events (one JSON chunk per `data:` line)
@@ -58,6 +58,7 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
     s = app.state.settings
     fe = app.state.frontend
     backend = app.state.backend
+    _refuse_if_draining(fe)
     if body.model is not None and body.model != s.served_model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {s.served_model_name!r}",
                        param="model", code="model_not_found")
@@ -105,19 +106,64 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
         except Limited as e:
             raise APIError(429, e.message, code="concurrency_limited",
                            headers={"Retry-After": str(e.retry_after)}) from None
+    _refuse_if_draining(fe)   # SIGTERM may have come while this call was classified
     fe.submit(job)
     return job
 
 
-async def _first(job: Job, request: Request):
+def _refuse_if_draining(fe) -> None:
+    if fe.draining:
+        raise APIError(503, "the server is shutting down and admits no new requests; retry on another instance",
+                       code="shutting_down", headers={"Retry-After": str(fe.retry_after_s)})
+
+
+def _service_error(ev) -> APIError | None:
+    """An engine restart or the drain deadline as a 503 with Retry-After and the reason."""
+    if isinstance(ev, (EngineRestarted, ShuttingDown)):
+        code = "engine_restart" if isinstance(ev, EngineRestarted) else "shutting_down"
+        return APIError(503, str(ev), code=code, headers={"Retry-After": "2"})
+    return None
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next_event(job: Job, watcher: asyncio.Future):
+    """The job's next event, or `_ClientGone` as soon as the client goes away: a call that
+    waits in the queue or the engine is cancelled then, not when its first token is sent."""
+    get = asyncio.ensure_future(job.events.get())
+    done, _ = await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        return get.result()
+    get.cancel()
+    raise _ClientGone()
+
+
+async def _first(job: Job, request: Request, watcher: asyncio.Future | None = None):
     fe = request.app.state.frontend
+    own = watcher is None
+    watcher = watcher or asyncio.ensure_future(_disconnected(request))
     try:
-        ev = await job.events.get()
-    except asyncio.CancelledError:
+        ev = await _next_event(job, watcher)
+    except (asyncio.CancelledError, _ClientGone) as e:
         await fe.cancel(job)
+        if isinstance(e, _ClientGone):
+            raise APIError(499, "the client closed the connection") from None
         raise
+    finally:
+        if own:
+            watcher.cancel()
     if isinstance(ev, Shed):
         raise APIError(429, str(ev), code="queue_full", headers={"Retry-After": str(ev.retry_after)})
+    if _service_error(ev) is not None:
+        raise _service_error(ev)
     if _is_client_error(ev):   # the engine refused a parameter the checks here let through
         raise APIError(400, str(ev), param=getattr(ev, "parameter", None))
     if isinstance(ev, Exception):
@@ -158,6 +204,8 @@ def _sse(obj) -> bytes:
 
 
 async def _respond(request: Request, job: Job, body, chat: bool):
+    if not body.stream:
+        return await _respond_whole(request, job, body, chat)
     first = await _first(job, request)
     created = int(job.arrival)
     model = job.model
@@ -189,8 +237,9 @@ async def _respond(request: Request, job: Job, body, chat: bool):
                                 "triage": job.triage()})
                 yield b"data: [DONE]\n\n"
             except Exception as e:
-                yield _sse({"error": {"message": f"generation failed: {type(e).__name__}", "type": "server_error",
-                                      "param": None, "code": None}})
+                se = _service_error(e)
+                yield _sse({"error": {"message": se.message if se else f"generation failed: {type(e).__name__}",
+                                      "type": "server_error", "param": None, "code": se.code if se else None}})
             finally:
                 if not done:
                     await fe.cancel(job)
@@ -198,17 +247,37 @@ async def _respond(request: Request, job: Job, body, chat: bool):
         return StreamingResponse(gen(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Triage-Request-Id": job.id,
                                           "X-Triage-Level": str(job.level)})
-    parts: list[str] = []
-    last = first
+    raise AssertionError("unreachable: non-streaming calls are answered by _respond_whole")
+
+
+async def _respond_whole(request: Request, job: Job, body, chat: bool):
+    """A non-streaming answer; the client going away cancels the call at once."""
+    fe = request.app.state.frontend
+    created = int(job.arrival)
+    model = job.model
+    watcher = asyncio.ensure_future(_disconnected(request))
     try:
-        async for ev in _events(job, first):
-            parts.append(ev.text)
-            last = ev
-    except asyncio.CancelledError:
-        await fe.cancel(job)
-        raise
-    except Exception as e:
-        raise APIError(503, f"generation failed: {type(e).__name__}") from None
+        first = await _first(job, request, watcher)
+        parts: list[str] = []
+        last = ev = first
+        try:
+            while True:
+                if isinstance(ev, Exception):
+                    raise ev
+                parts.append(ev.text)
+                last = ev
+                if ev.finished:
+                    break
+                ev = await _next_event(job, watcher)
+        except (asyncio.CancelledError, _ClientGone) as e:
+            await fe.cancel(job)
+            if isinstance(e, _ClientGone):
+                raise APIError(499, "the client closed the connection") from None
+            raise
+        except Exception as e:
+            raise (_service_error(e) or APIError(503, f"generation failed: {type(e).__name__}")) from None
+    finally:
+        watcher.cancel()
     text = "".join(parts)
     fr = _finish_reason(last) or "stop"
     if chat:

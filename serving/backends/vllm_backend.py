@@ -73,6 +73,25 @@ class VLLMBackend:
     def vocab_size(self) -> int | None:
         return self.engine.vocab_size if self.engine is not None else None
 
+    @property
+    def dead(self) -> bool:
+        """The engine died on its own (core process killed, out of memory, EngineDeadError):
+        the supervisor (serving/supervisor.py) restarts it."""
+        return self.engine is not None and bool(self.engine.dead)
+
+    @staticmethod
+    def is_engine_failure(exc: BaseException) -> bool:
+        """A request failed because the engine died, not because of the request: vLLM's
+        EngineDeadError (told by name: the front end does not import vLLM) or ours while the
+        engine is down."""
+        return any(c.__name__ in ("EngineDeadError", "EngineNotReady") for c in type(exc).__mro__)
+
+    async def restart(self) -> None:
+        """Shut the dead engine down and start a new one with the same configuration; the
+        class table in force (operators may have edited it) is handed to the new engine."""
+        await self.engine.restart()
+        await self.engine.set_classes(self.classes)
+
     async def start(self) -> None:
         if self.engine is None:
             from serving.engine import TriageEngine

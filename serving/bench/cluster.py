@@ -124,7 +124,7 @@ def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag
     cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]
     log = d / "front.log"
     log.unlink(missing_ok=True)
-    proc = _popen(cmd, env, log, 0)
+    proc = _popen(cmd, env, log, plan.nice)   # the same share of the CPU as the instances
     srv = Server(f"front-{tag}", f"http://127.0.0.1:{plan.front_port}", None, proc, log, {"dir": d})
     import httpx
 

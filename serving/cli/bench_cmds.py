@@ -80,6 +80,8 @@ def bench_serve(
                 out["systems"][name], raw[name] = run_system(name, calls, reps, EngineSizes(), port=port,
                                                              workdir=tmp, model=str(model), on_done=tick)
             typer.echo(_line(name, out["systems"][name]), err=True)
+            # each system's figures as soon as it is done: a run stopped later keeps them
+            (tmp / f"{name}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

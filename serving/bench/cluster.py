@@ -55,6 +55,7 @@ class ClusterPlan:
     kill_at: float | None = None
     workdir: Path = Path("/tmp/triage-bench-cluster")
     nice: int = 0
+    bind: bool = True       # CPU: instance i pinned to its own core(s); False: "nobind", threads float
 
 
 def _cpus(i: int, n: int) -> str:
@@ -82,7 +83,11 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
     s = plan.sizes
     cmd = instance_command(port, model=model, stock=stock, max_num_seqs=s.max_num_seqs,
                            max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len)
-    env = instance_env(_cpus(i, plan.instances), s.kv_cache_gib)
+    ncpu = os.cpu_count() or 1
+    if plan.bind:
+        env = instance_env(_cpus(i, plan.instances), s.kv_cache_gib)
+    else:
+        env = instance_env("nobind", s.kv_cache_gib, threads=max(1, ncpu // plan.instances))
     name = f"instance{i}{'-stock' if stock else ''}"
     proc = _popen(cmd, env, plan.workdir / f"{name}.log", plan.nice)
     return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")

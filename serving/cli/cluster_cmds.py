@@ -19,7 +19,8 @@ def instance(
     model: Annotated[Optional[str], typer.Option(help="model directory (default: SmolLM2-135M-Instruct, prepared)")] = None,
     policy: Annotated[str, typer.Option(help="the engine-level policy of our scheduler class")] = "triage",
     profile: Annotated[Optional[str], typer.Option(help="latency profile of the scheduler (default: the engine's)")] = None,
-    cpus: Annotated[Optional[str], typer.Option(help="CPU only: cores the engine binds to, e.g. 0 or 0-1")] = None,
+    cpus: Annotated[Optional[str], typer.Option(help="CPU only: cores the engine binds to, e.g. 0 or 0-1, or nobind")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU only: OpenMP threads (with --cpus nobind)")] = None,
     stock: Annotated[bool, typer.Option(help="vLLM's own priority scheduler instead of ours (a baseline)")] = False,
     dry_run: Annotated[bool, typer.Option(help="print the command and exit")] = False,
 ) -> None:
@@ -39,7 +40,7 @@ def instance(
     if dry_run:
         typer.echo(shlex.join(cmd))
         return
-    env = instance_env(cpus)
+    env = instance_env(cpus, threads=threads)
     typer.echo(f"triage instance on http://{host}:{port} ({'stock vLLM priority' if stock else 'scheduler ' + policy}); "
                f"load: http://{host}:{port}/triage/load", err=True)
     os.execvpe(cmd[0], cmd, env)   # vLLM's server becomes this process: signals reach it directly
@@ -64,6 +65,7 @@ def bench_cluster(
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 128,
     kill_instance_at: Annotated[Optional[float], typer.Option(help="SIGKILL instance 0 this many seconds into each run")] = None,
     port: Annotated[int, typer.Option(help="instances listen on port, port+1, ...; the front end on port+90")] = 8300,
+    bind: Annotated[bool, typer.Option(help="CPU: pin instance i to its own core(s); --no-bind: threads float")] = True,
     max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
     seed: int = 0,
     nice: Annotated[int, typer.Option(help="run the instances at this nice value (19: leave the CPU to others)")] = 0,
@@ -119,11 +121,12 @@ def bench_cluster(
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
     sizes = EngineSizes(max_num_seqs=max_num_seqs)
     plan = ClusterPlan(instances=instances, base_port=port, front_port=port + 90, sizes=sizes,
-                       kill_at=kill_instance_at, workdir=tmp, nice=nice)
+                       kill_at=kill_instance_at, workdir=tmp, nice=nice, bind=bind)
     out = {"instances": instances, "requests": len(calls), "scenario": scenario,
            "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
-           "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count()}
+           "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
+           "bind": bind, "nice": nice}
     try:
         out["routers"], raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
                                           echo=lambda s: typer.echo(s, err=True))

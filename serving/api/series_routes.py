@@ -41,7 +41,8 @@ async def latency_series(request: Request, _: AuditorKey, since: str | None = No
         t0 = t1 - 3600.0
     if t1 <= t0:
         raise APIError(400, "until must be after since", param="until")
-    n = math.ceil((t1 - t0) / bucket_s)
+    span = (t1 - t0) / bucket_s   # inf for a vanishing bucket_s: refused below, not an OverflowError
+    n = math.ceil(span) if math.isfinite(span) else MAX_BUCKETS + 1
     if n > MAX_BUCKETS:
         raise APIError(400, f"{n} buckets of {bucket_s:g} s in that range; at most {MAX_BUCKETS} (widen bucket_s)",
                        param="bucket_s")

@@ -136,3 +136,35 @@ def _plot(out: dict, raw: dict, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+
+
+@bench_app.command("reproduce")
+def bench_reproduce(
+    seed: Annotated[str, typer.Option(help="Seed paper: 000 (ProServe), 001 (SlidingServe), 002 (FairBatching), 003 (FlowPrefill), 004 (semantic scheduling)")],
+    quick: Annotated[bool, typer.Option(help="Fewer requests and loads (a smoke run; figures are not the documented ones)")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of the experiment's main figure")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
+) -> None:
+    """Replay a seed paper's headline experiment in the simulator as closely as our traces
+    and profiles allow; per row the paper's figure, ours and the setup difference
+    (simulation results; docs/reproduction.md)."""
+    from serving.cli.progress import progress_bar
+    from triage.sim import reproduce
+
+    seed = seed.strip()
+    if seed not in reproduce.SEEDS:
+        raise typer.BadParameter(f"unknown seed {seed!r}; seeds: {', '.join(reproduce.SEEDS)}", param_hint="--seed")
+    with progress_bar(f"reproduce seed {seed}", None) as advance:
+        try:
+            out = reproduce.run(seed, quick=quick, progress=advance)
+        except (ValueError, FileNotFoundError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+    if plot:
+        out["plot"] = str(reproduce.plot(out, plot))
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"seed {seed} (simulation results)")
+    for r in out["rows"]:
+        typer.echo(f"{r['metric']}\n    paper: {r['paper']}\n    ours:  {r['ours']}\n    setup: {r['setup']}")

@@ -75,6 +75,7 @@ def simulate(
     policy: Annotated[str, typer.Option(help="Scheduling policy")] = "triage",
     profile: Annotated[str, typer.Option(help="Latency profile in data/profiles (burst: vllm-cpu-smollm2)")] = "",
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice the load)")] = 1.0,
+    rate: Annotated[Optional[float], typer.Option(help="lengths:NAME traces (sharegpt, arxiv, bwb): Poisson arrivals at this many req/s")] = None,
     limit: Annotated[Optional[int], typer.Option(help="First N requests")] = None,
     seed: int = 0,
     param: Annotated[list[str], typer.Option(help="Policy parameter KEY=VALUE (repeatable)")] = [],
@@ -105,7 +106,7 @@ def simulate(
     from triage.sim.inputs import apply_inputs
     from triage.sim.metrics import summarize
     from triage.sim.simulator import StalledError, simulate as run, with_limits
-    from triage.sim.traces import load_trace
+    from triage.sim.traces import resolve_trace
 
     if scenario not in ("trace", "burst"):
         raise typer.BadParameter("--scenario must be trace or burst")
@@ -137,7 +138,8 @@ def simulate(
                                       picks=picks)
             inputs.pool_info = pinfo
         else:
-            reqs = load_trace(trace, limit=limit, rate_scale=rate_scale, seed=seed, max_len=prof.max_request_tokens)
+            reqs = resolve_trace(trace, rate=rate, limit=limit, rate_scale=rate_scale, seed=seed,
+                                 max_len=prof.max_request_tokens)
             reqs, info = apply_inputs(reqs, levels=inputs.levels, lengths=inputs.lengths,
                                       pool=inputs.pool if inputs.needs_texts else None, seed=seed)
         params = {**prof.policy_params(policy), **_parse_params(param)}
@@ -292,6 +294,7 @@ def bench_policies(
     trace: Annotated[Path, typer.Option(help="Trace file")] = Path(DEFAULT_TRACE),
     policies: Annotated[str, typer.Option(help="Comma-separated policy names")] = "fcfs,sarathi-fcfs,slidebatching,triage",
     rate_scales: Annotated[str, typer.Option(help="Comma-separated rate scales")] = "0.05,0.1,0.15,0.2",
+    rate: Annotated[Optional[float], typer.Option(help="lengths:NAME traces (sharegpt, arxiv, bwb): Poisson req/s at scale 1")] = None,
     limit: int = 4000,
     seed: int = 0,
     profile: str = "",
@@ -329,7 +332,8 @@ def bench_policies(
     inputs = SimInputs(levels, lengths, texts, tpot_metric, truth)
     with progress_bar("bench policies", total=len(names) * len(scales) * len(routers)) as advance:
         out = _run_sim(lambda: run(trace, names, scales, limit=limit, seed=seed, profile=profile or None,
-                                   instances=instances, routers=routers, pd=pd, progress=advance, **inputs.kwargs()))
+                                   instances=instances, routers=routers, pd=pd, progress=advance, rate=rate,
+                                   **inputs.kwargs()))
     out["simulated"] = True
     if plot:
         plot_policies(out["rows"], plot)

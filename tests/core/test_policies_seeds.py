@@ -497,3 +497,17 @@ def test_slidebatching_ablation_switches():
     assert free.total_tokens == 3200 and capped.total_tokens < free.total_tokens
     with pytest.raises(ValueError, match="partition"):
         make_policy("slidebatching", partition="both")
+
+
+def test_fairbatching_never_returns_an_empty_plan_when_contexts_exceed_the_budget():
+    """With a step model that prices context above the whole time budget, Alg. 1 adds
+    nothing; the policy must still make progress (a stalled engine serves nobody)."""
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    c3 = CLASSES.get(3)
+    urgent = add_decoding(st, level=3, generated=10, arrival=NOW + 0.1 - c3.ttft - 10 * c3.tpot)
+    add_decoding(st, level=3, generated=10, arrival=NOW + 5 - c3.ttft - 10 * c3.tpot)
+    pol = make_policy("fairbatching")
+    a, b, _ = pol._abc(st.estimator)
+    pol._model = (id(st.estimator), (a / st.estimator.beta, b / st.estimator.beta, 1.0))   # 1 s per context token
+    plan = pol.plan(st, NOW)
+    assert plan.tokens == {urgent.id: 1}                 # the most urgent decode, one token

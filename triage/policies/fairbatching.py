@@ -31,7 +31,11 @@ serves and scaled by the estimator's online correction β, so it tracks drift as
 estimator does. Token, seat and KV budgets are the BatchBuilder's; a request it cannot
 place (memory, seats) is skipped, as Alg. 1 skips what does not fit. A decode short of KV
 blocks preempts running requests from the end of the Alg. 1 order (non-urgent decodes
-with the most slack first, recompute).
+with the most slack first, recompute). When Alg. 1 would add nothing at all (every
+request's context alone costs more than the budget) the first request in its order still
+gets one token or the chunk the budget allows, so the engine never stalls (an addition:
+with the published A100 coefficients the linear fit prices context so high that a
+4-instance run stalled).
 """
 from __future__ import annotations
 
@@ -131,6 +135,18 @@ class FairBatching(Policy):
                 time_budget -= b_tok * k + ctx_cost
             elif waiting:
                 admit_open = False
+        if not b.tokens:
+            # every request's context alone exceeds the budget (long contexts on a card
+            # whose linear fit prices context high): Alg. 1 would add nothing and the
+            # engine would stall. Run the first request in Alg. 1 order that can run,
+            # one token if it decodes, else the chunk the budget allows (at least one).
+            for i in order:
+                r = reqs[i]
+                if b.is_preempted(r) or (i >= n_run and (not admit_open or b.seats_left <= 0)):
+                    continue
+                room = max(time_budget - c_ctx * ctx_l[i], 0.0) / b_tok
+                if b.add(r, max(1, min(int(need_l[i]), int(min(room, b.tokens_left)))), use_time=False):
+                    break
         plan = b.build()
         plan.budget_s = init_time_budget if self.budget != "fixed" else None   # FB-FB: token budget only
         return plan

@@ -23,7 +23,7 @@ from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.sim.cluster import simulate_cluster
 from triage.sim.inputs import TextPool, apply_inputs
 from triage.sim.metrics import summarize
-from triage.sim.traces import load_trace
+from triage.sim.traces import resolve_trace
 
 
 class NothingCompleted(RuntimeError):
@@ -38,8 +38,9 @@ def _setup(profile: str | None):
 def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, seed: int, prof, classes,
             instances: int = 1, router: str = "round_robin", pd=None, levels: str = "oracle",
             lengths: str = "oracle", pool: TextPool | None = None, tpot_metric: str = "mean",
-            truth: str = "auto") -> dict:
-    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed, max_len=prof.max_request_tokens)
+            truth: str = "auto", rate: float | None = None) -> dict:
+    trace = resolve_trace(trace_path, rate=rate, limit=limit, rate_scale=rate_scale, seed=seed,
+                          max_len=prof.max_request_tokens)
     trace, info = apply_inputs(trace, levels=levels, lengths=lengths, pool=pool, seed=seed)
     params = prof.policy_params(policy)
     res = simulate_cluster(trace, lambda: make_policy(policy, **params), prof, classes, instances=instances,

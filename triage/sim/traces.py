@@ -127,6 +127,83 @@ def poisson_trace(n: int, rate: float, *, seed: int = 0, prompt: tuple[int, int]
     return [TraceRequest(float(t[i]), int(lp[i]), max(1, int(lo[i])), int(levels[i])) for i in range(n)]
 
 
+LENGTH_FILES = {
+    "sharegpt": "lengths_sharegpt_8k_llama2tok.csv.gz",
+    "arxiv": "lengths_arxiv_summarization_llama2tok.csv.gz",
+    "bwb": "lengths_bwb_translation_llama2tok.csv.gz",
+}
+
+
+def lengths_trace(name_or_path: str | Path, *, rate: float, limit: int | None = None, seed: int = 0,
+                  mix: tuple[float, ...] = KTAS_MIX, max_len: int | None = None,
+                  datasets: str | Path | None = None) -> list[TraceRequest]:
+    """A token-length table (`num_prefill_tokens,num_decode_tokens,…`: ShareGPT, arXiv
+    summarization, BWB translation) replayed with Poisson arrivals at `rate` req/s, as
+    seeds 000 (ShareGPT) and 002 do for datasets without timestamps. `name_or_path` is
+    sharegpt | arxiv | bwb (read from `datasets`, default the shared datasets beside the
+    checkout) or a file. Rows keep the file's order
+    (the first `limit`)."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0 req/s")
+    key = str(name_or_path)
+    if datasets is None:
+        from triage.paths import shared_datasets_dir
+        datasets = shared_datasets_dir()
+    path = Path(datasets) / LENGTH_FILES[key] if key in LENGTH_FILES else Path(key)
+    if not path.exists():
+        known = ", ".join(LENGTH_FILES)
+        raise FileNotFoundError(f"length table {path} not found (names: {known}, or a file)")
+    rows: list[tuple[int, int]] = []
+    with _open(path) as f:
+        reader = csv.DictReader(f)
+        if not {"num_prefill_tokens", "num_decode_tokens"} <= set(reader.fieldnames or ()):
+            raise ValueError(f"{path.name}: expected num_prefill_tokens,num_decode_tokens columns")
+        for row in reader:
+            if limit is not None and len(rows) >= limit:
+                break
+            rows.append((int(row["num_prefill_tokens"]), int(row["num_decode_tokens"])))
+    if not rows:
+        raise ValueError(f"{path.name}: no rows")
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate, size=len(rows) - 1))])
+    levels = draw_levels(len(rows), seed, mix)
+    return [TraceRequest(float(t[i]), *clip_lengths(max(1, p), max(1, o), max_len), int(levels[i]))
+            for i, (p, o) in enumerate(rows)]
+
+
+def resolve_trace(spec: str | Path, *, rate: float | None = None, rate_scale: float = 1.0, **kw) -> list[TraceRequest]:
+    """`lengths:NAME` (Poisson arrivals at `rate` × `rate_scale` req/s) or a trace file
+    (`load_trace`, its own arrivals divided by 1/`rate_scale`)."""
+    s = str(spec)
+    if s.startswith("lengths:"):
+        if rate is None:
+            raise ValueError("a lengths:NAME trace needs --rate (requests per second)")
+        if rate_scale <= 0:
+            raise ValueError("rate_scale must be > 0")
+        return lengths_trace(s.split(":", 1)[1], rate=rate * rate_scale, **kw)
+    return load_trace(spec, rate_scale=rate_scale, **kw)
+
+
+def concurrent_spikes(*, arrivals: int, max_concurrent: int, gap: float, seed: int = 0,
+                      prompt: tuple[int, int] = (32, 256), output: tuple[int, int] = (8, 128),
+                      mix: tuple[float, ...] = KTAS_MIX) -> list[TraceRequest]:
+    """Seed 004 §4.1's spike workload: an arrival every `gap` seconds, each bringing
+    1..`max_concurrent` *simultaneous* requests (uniform; the paper: "each arrival may
+    contain up to 100 concurrent requests", 5 outside spikes). Lengths log-uniform in the
+    given ranges (the paper's EMS conversations are short and not public), levels from
+    `mix`."""
+    if arrivals < 1 or max_concurrent < 1 or gap <= 0:
+        raise ValueError("arrivals and max_concurrent must be >= 1 and gap > 0")
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, max_concurrent + 1, size=arrivals)
+    n = int(counts.sum())
+    lp = np.exp(rng.uniform(np.log(prompt[0]), np.log(prompt[1]), size=n)).astype(int)
+    lo = np.exp(rng.uniform(np.log(output[0]), np.log(output[1]), size=n)).astype(int)
+    levels = draw_levels(n, seed + 1, mix)
+    times = np.repeat(np.arange(arrivals) * gap, counts)
+    return [TraceRequest(float(times[i]), int(lp[i]), max(1, int(lo[i])), int(levels[i])) for i in range(n)]
+
+
 def spike_trace(base: list[TraceRequest], *, at: float, count: int, level: int, gap: float = 0.1,
                 prompt_len: int = 200, output_len: int = 100) -> list[TraceRequest]:
     """`base` plus a burst of `count` requests of one level, `gap` seconds apart, from `at`

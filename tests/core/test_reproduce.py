@@ -1,0 +1,66 @@
+"""Seed reproductions (`triage bench reproduce`): the traces they build, the goodput
+read-out, and the command's report shape on a quick run."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from serving.cli import app
+from triage.paths import shared_datasets_dir
+from triage.sim.reproduce.common import largest_passing
+from triage.sim.traces import concurrent_spikes, lengths_trace, resolve_trace
+
+SHARED = shared_datasets_dir()
+needs_data = pytest.mark.skipif(not (SHARED / "lengths_sharegpt_8k_llama2tok.csv.gz").exists(),
+                                reason="shared datasets not found beside the checkout")
+
+
+def test_concurrent_spikes_arrive_simultaneously():
+    tr = concurrent_spikes(arrivals=20, max_concurrent=100, gap=0.1, seed=3)
+    times, counts = np.unique([t.arrival for t in tr], return_counts=True)
+    assert len(times) == 20 and np.allclose(np.diff(times), 0.1)
+    assert counts.max() <= 100 and counts.max() > 50          # up to 100 at one instant
+    with pytest.raises(ValueError):
+        concurrent_spikes(arrivals=0, max_concurrent=5, gap=0.1)
+
+
+@needs_data
+def test_lengths_tables_replay_as_poisson_traces():
+    tr = lengths_trace("sharegpt", rate=4.0, limit=2000, seed=1)
+    assert len(tr) == 2000 and tr[0].arrival == 0.0
+    gaps = np.diff([t.arrival for t in tr])
+    assert (gaps >= 0).all() and abs(gaps.mean() - 0.25) < 0.03      # 4 req/s
+    assert tr[0].prompt_len == 74 and tr[0].output_len == 918          # the file's first row
+    faster = resolve_trace("lengths:sharegpt", rate=4.0, rate_scale=2.0, limit=2000, seed=1)
+    assert faster[-1].arrival == pytest.approx(tr[-1].arrival / 2)
+    with pytest.raises(ValueError, match="--rate"):
+        resolve_trace("lengths:arxiv", limit=10)
+    with pytest.raises(FileNotFoundError, match="sharegpt"):
+        lengths_trace("nope", rate=1.0)
+
+
+def test_goodput_read_out_interpolates_between_the_last_pass_and_first_miss():
+    assert largest_passing([(1, 1.0), (2, 0.95), (3, 0.85)], 0.9) == pytest.approx(2.5)
+    assert largest_passing([(1, 0.5), (2, 0.4)], 0.9) == 0.0
+    assert largest_passing([(1, 1.0), (2, 0.99)], 0.9) == 2
+
+
+def test_unknown_seed_is_a_clear_error():
+    res = CliRunner().invoke(app, ["bench", "reproduce", "--seed", "007"])
+    assert res.exit_code != 0 and "unknown seed" in res.output
+
+
+@needs_data
+def test_reproduce_004_quick_has_the_documented_json_shape(tmp_path):
+    png = tmp_path / "s004.png"
+    res = CliRunner().invoke(app, ["bench", "reproduce", "--seed", "004", "--quick", "--json", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout.strip().splitlines()[-1])
+    assert d["seed"] == "004" and d["simulated"] is True and png.exists()
+    assert set(d["esi1_norm_wait"]) >= {"fcfs", "sjf", "hpjf", "semantic", "triage"}
+    assert all(v > 0 for v in d["esi1_norm_wait"].values())
+    for r in d["rows"]:
+        assert set(r) == {"metric", "paper", "ours", "setup"}

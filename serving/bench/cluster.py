@@ -56,6 +56,7 @@ class ClusterPlan:
     workdir: Path = Path("/tmp/triage-bench-cluster")
     nice: int = 0
     bind: bool = True       # CPU: instance i pinned to its own core(s); False: "nobind", threads float
+    eager: bool = False     # --enforce-eager: no torch.compile warm-up (minutes on a busy 2-core machine)
 
 
 def _cpus(i: int, n: int) -> str:
@@ -82,7 +83,8 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
         raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
     s = plan.sizes
     cmd = instance_command(port, model=model, stock=stock, max_num_seqs=s.max_num_seqs,
-                           max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len)
+                           max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
+                           extra=["--enforce-eager"] if plan.eager else None)
     ncpu = os.cpu_count() or 1
     if plan.bind:
         env = instance_env(_cpus(i, plan.instances), s.kv_cache_gib)

@@ -65,6 +65,7 @@ def bench_cluster(
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 128,
     kill_instance_at: Annotated[Optional[float], typer.Option(help="SIGKILL instance 0 this many seconds into each run")] = None,
     port: Annotated[int, typer.Option(help="instances listen on port, port+1, ...; the front end on port+90")] = 8300,
+    eager: Annotated[bool, typer.Option(help="instances run eagerly (--enforce-eager): no torch.compile warm-up")] = False,
     bind: Annotated[bool, typer.Option(help="CPU: pin instance i to its own core(s); --no-bind: threads float")] = True,
     max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
     seed: int = 0,
@@ -121,12 +122,12 @@ def bench_cluster(
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
     sizes = EngineSizes(max_num_seqs=max_num_seqs)
     plan = ClusterPlan(instances=instances, base_port=port, front_port=port + 90, sizes=sizes,
-                       kill_at=kill_instance_at, workdir=tmp, nice=nice, bind=bind)
+                       kill_at=kill_instance_at, workdir=tmp, nice=nice, bind=bind, eager=eager)
     out = {"instances": instances, "requests": len(calls), "scenario": scenario,
            "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
            "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
-           "bind": bind, "nice": nice}
+           "bind": bind, "nice": nice, "eager": eager}
     try:
         out["routers"], raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
                                           echo=lambda s: typer.echo(s, err=True))

@@ -3,12 +3,18 @@
 The learned classifier reads numbers poorly, so the urgency predictor combines it with
 the ESI v4 handbook's explicit rules (never thresholds fitted to any data set):
 
-* Decision point A (level 1): responds only to pain or unresponsive (AVPU P/U); and, as
-  handbook examples of an immediate life-saving intervention, SpO2 < 85 %, SBP < 70 mmHg,
-  or (age > 8 or unknown) HR < 40 / > 180 or RR < 8 / > 40 per minute.
+* Decision point A (level 1): responds only to pain or unresponsive (AVPU P/U, or a
+  Glasgow Coma Scale of 8 or less: "unresponsive" in the handbook's sense, nonverbal and
+  not following commands); SpO2 < 90 % (listed by name in decision point A of the ESI v4
+  algorithm: "intubated, apneic, pulseless, severe respiratory distress, SpO2 < 90, acute
+  mental status changes, or unresponsive"; until revision 5 this was SpO2 < 85); and, as
+  handbook examples of an immediate life-saving intervention, SBP < 70 mmHg or (age > 8
+  or unknown) HR < 40 / > 180 or RR < 8 / > 40 per minute. "Acute mental status changes"
+  is not applied here: the handbook's own chapter on level 2 sends new confusion or
+  lethargy to decision point B (level 2), which is what the rule below does.
 * Decision point B (level 2): new confusion, lethargy or disorientation (AVPU V); we also
-  count SpO2 < 92 % and SBP < 90 mmHg here (hypoxia and hypotension are high-risk at any
-  level).
+  count SpO2 90-91 % (< 92, decision point D's limit) and SBP < 90 mmHg here (hypoxia and
+  hypotension are high-risk at any level).
 * Decision point D (level 2): a level-3 candidate (the model says 3) whose HR or RR is in
   the age-dependent danger zone: < 3 y HR > 160 / RR > 40; 3-8 y HR > 140 / RR > 30;
   > 8 y (or age unknown) HR > 100 / RR > 20. As in the handbook, D is not applied to
@@ -22,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 
 _NUM = r"(\d{1,3}(?:\.\d)?)"
+SPO2_LEVEL1 = 90  # ESI v4 algorithm, decision point A: "SpO2 < 90"
+SPO2_LEVEL2 = 92  # ESI v4 algorithm, decision point D: "SaO2 < 92 %"
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,10 @@ class Vitals:
     bt: float | None = None
     spo2: float | None = None
     avpu: str | None = None  # "A", "V", "P" or "U"
+    gcs: float | None = None  # Glasgow Coma Scale, 3-15
 
     def any(self) -> bool:
-        return any(v is not None for v in (self.sbp, self.hr, self.rr, self.bt, self.spo2, self.avpu))
+        return any(v is not None for v in (self.sbp, self.hr, self.rr, self.bt, self.spo2, self.avpu, self.gcs))
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,8 @@ _WEAK = {
     "rr": r"\bRR(?: of| is)?\s*:?\s*" + _NUM,
     "bt": r"\b(?:T|temp)\s*:?\s*(\d{2}(?:\.\d)?)\b",
     "spo2": r"\b(?:sats?|oxygen)(?: of| is)?\s*:?\s*" + _NUM,
+    # "GCS" is also Google Cloud Storage ("upload GCS 3 files"): read beside another vital only
+    "gcs": r"\bGCS\s*:?\s*(\d{1,2})\b",
 }
 _STRONG = {
     "hr": r"\b(?:pulse rate|heart rate)(?: of| is)?\s*:?\s*" + _NUM,
@@ -126,16 +137,22 @@ def parse_vitals(text: str) -> Vitals:
                 and not m.group(0).lower().startswith("mental status"):
             weak.add("avpu")
     got["avpu"] = avpu
+    got["gcs"] = _f(_WEAK["gcs"], t)
+    if got["gcs"] is not None:
+        if 3 <= got["gcs"] <= 15:
+            weak.add("gcs")
+        else:
+            got["gcs"] = None
     if got["bt"] is not None and not 30.0 <= got["bt"] <= 45.0:
         got["bt"] = None
     if got["spo2"] is not None and got["spo2"] > 100:
         got["spo2"] = None
-    fields = ("sbp", "hr", "rr", "bt", "spo2", "avpu")  # dbp comes with sbp
+    fields = ("sbp", "hr", "rr", "bt", "spo2", "avpu", "gcs")  # dbp comes with sbp
     for k in weak:
         if got[k] is not None and not any(got[o] is not None for o in fields if o != k):
             got[k] = None
     return Vitals(age=age, sbp=got["sbp"], dbp=got["dbp"], hr=got["hr"], rr=got["rr"], bt=got["bt"], spo2=got["spo2"],
-                  avpu=got["avpu"])
+                  avpu=got["avpu"], gcs=got["gcs"])
 
 
 def danger_zone_limits(age: float | None) -> tuple[int, int]:
@@ -156,8 +173,10 @@ def safety_floor(v: Vitals, model_level: int) -> Floor:
     a = []
     if v.avpu in ("P", "U"):
         a.append(f"AVPU {v.avpu}")
-    if v.spo2 is not None and v.spo2 < 85:
-        a.append("SpO2<85")
+    if v.gcs is not None and v.gcs <= 8:
+        a.append("GCS<=8")
+    if v.spo2 is not None and v.spo2 < SPO2_LEVEL1:
+        a.append(f"SpO2<{SPO2_LEVEL1}")
     if adult and v.sbp is not None and v.sbp < 70:
         a.append("SBP<70")
     if adult and v.hr is not None and (v.hr < 40 or v.hr > 180):
@@ -169,8 +188,8 @@ def safety_floor(v: Vitals, model_level: int) -> Floor:
     # Decision point B
     if v.avpu == "V":
         reasons.append("B:AVPU V")
-    if v.spo2 is not None and v.spo2 < 92:
-        reasons.append("B:SpO2<92")
+    if v.spo2 is not None and v.spo2 < SPO2_LEVEL2:
+        reasons.append(f"B:SpO2<{SPO2_LEVEL2}")
     if v.sbp is not None and v.sbp < 90 and adult:
         reasons.append("B:SBP<90")
     # Decision point D (level-3 candidates only)

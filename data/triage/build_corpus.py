@@ -772,6 +772,149 @@ def non_dispatch(start_id: int, seen: set[str]) -> list[dict]:
 FIELDS = ("id", "text", "level", "split", "style", "rule", "kind")
 
 
+# --------------------------------------------------------------------------------------
+# Revision 5 (see DATACARD.md). ESI v4's decision point A names "SpO2 < 90" among the
+# conditions that need an immediate life-saving intervention (the floors used 85 until
+# now). (a) Rows whose text shows a level-1 reading under the revised floors of
+# `predictors.vitals` (13 rows labelled 2 with SpO2 86-89) are relabelled 1; texts, ids
+# and splits are unchanged. (b) Level-1 patients who are awake: every earlier level-1
+# nurse message had the patient unresponsive or responding to pain only, so the model
+# could read "mental: unresponsive" as the whole of level 1. The handbook's examples of
+# level-1 patients (ESI v4, chapter 3) include many who talk: severe respiratory
+# distress, SpO2 < 90, anaphylactic shock, chest pain with BP 70/palp, "weak and dizzy,
+# HR 30", severe bradycardia or tachycardia with hypoperfusion, hypotension with signs of
+# hypoperfusion, trauma needing immediate fluid resuscitation, an overdose breathing 6
+# times a minute, hypoglycemia with a change in mental status. These are written here
+# (fragments of our own, none taken from any data set), alert or confused, with the vital
+# sign that makes them level 1 where the style has a vitals line.
+# --------------------------------------------------------------------------------------
+
+REV5_SEED = SEED + 5
+# (nurse shorthand, the reading that makes it level 1, lay phrasings); readings:
+# spo2 (< 90 with a fast RR), sbp (< 70 with a fast HR), hr_low (< 40), hr_high (> 180),
+# rr_low (< 8), none (the complaint itself: vitals otherwise unremarkable)
+L1_AWAKE = [
+    (["severe resp distress", "dyspnea, speaks in single words", "asthma attack, silent chest", "COPD exacerbation, cyanotic",
+      "acute pulmonary edema, frothy sputum", "resp distress, accessory muscle use", "SOB, tripod position, cyanosis"], "spo2",
+     ["{who} cant breathe, can only say one word at a time and the lips are going blue",
+      "{who} is having an asthma attack, the inhaler does nothing and {pro} can barely talk",
+      "{who} is sitting bolt upright gasping for air and coughing up pink froth",
+      "{who} is fighting for every breath, the skin around the lips is grey"]),
+    (["stridor, airway compromise", "foreign body airway, stridor", "angioedema, drooling, stridor", "epiglottitis sx, drooling"],
+     "spo2",
+     ["{who} is making a high pitched noise with every breath and is drooling, cant swallow",
+      "{who} has something stuck in the throat, can only wheeze and point, getting blue"]),
+    (["anaphylactic shock", "anaphylaxis, hypotensive", "allergic reaction, hypotension, wheeze", "bee sting, hypotensive, hives"],
+     "sbp",
+     ["{who} was stung by a wasp, is covered in hives, lips swelling and keeps nearly fainting",
+      "{who} ate something with nuts, face is swollen, wheezing and {pro} is pale and dizzy, can hardly stand"]),
+    (["chest pain, pale, diaphoretic, BP 70/palp", "cardiogenic shock", "STEMI, hypotensive", "chest pain, cold clammy, hypotension"],
+     "sbp",
+     ["{who} has crushing chest pain, is grey and drenched in sweat and says {pro} is going to pass out",
+      "{who} has chest pain and is cold, clammy and very pale, pulse is weak"]),
+    (["weak and dizzy, bradycardia", "complete heart block, dizzy", "bradycardia, near syncope", "symptomatic bradycardia"], "hr_low",
+     ["{who} feels weak and dizzy, the pulse is only about 30 and {pro} nearly fainted twice",
+      "{who}'s heartbeat is really slow, like 30, and {pro} is grey and woozy"]),
+    (["SVT, hypotensive", "palpitation, HR over 200, dizzy", "wide complex tachycardia", "rapid AF with hypotension"], "hr_high",
+     ["{who}'s heart is racing way too fast to count, {pro} is pale, sweaty and about to pass out",
+      "{who} says the heart is pounding, the watch says 210 and {pro} feels faint"]),
+    (["hematemesis, massive", "GI bleeding, hypotensive", "massive hemoptysis", "postpartum hemorrhage", "suspected ruptured AAA"],
+     "sbp",
+     ["{who} is vomiting lots of bright red blood and is pale and shaking",
+      "{who} is coughing up cupfuls of blood and getting weak",
+      "{who} has sudden terrible back pain, is white as a sheet and the pulse is barely there"]),
+    (["MVA, hypotensive", "stab wound abdomen, shocked", "pelvic fx, hypotensive", "chest trauma, absent breath sounds",
+      "crush injury, hypotensive"], "sbp",
+     ["{who} was stabbed in the stomach, is very pale and cold and breathing fast",
+      "{who} was thrown off a motorbike, is awake but pale, clammy and the pulse is weak",
+      "{who} got crushed by a car that fell off the jack, talking but grey and sweaty"]),
+    (["hypoglycemia, AMS", "BST 30, confused", "insulin OD, diaphoretic, confused", "hypoglycemia, combative"], "none",
+     ["{who} is diabetic, sugar reads 30, sweating buckets and not making sense",
+      "{who} took too much insulin and is now shaky, sweaty and talking gibberish"]),
+    (["septic shock", "fever, hypotension, mottled skin", "petechial rash, fever, drowsy", "urosepsis, hypotensive, confused"],
+     "sbp",
+     ["{who} has a high fever, is confused and there is a purple rash that doesnt fade",
+      "{who} has a fever, is cold and mottled on the legs and barely makes sense"]),
+    (["opioid OD, RR 6, drowsy", "overdose, slow breathing", "benzo and alcohol OD, hypoventilation"], "rr_low",
+     ["{who} took a lot of pain pills, is very drowsy and only breathing a few times a minute",
+      "{who} overdosed, {pro} mumbles when shaken but hardly breathes"]),
+]
+AWAKE_MENTAL = ["alert", "A", "alert, anxious", "verbal", "V", "confused", "drowsy"]
+AWAKE_MENTAL_ALTERED = ["verbal", "V", "confused", "drowsy", "disoriented"]
+REV5_N = {"nurse": 90, "dispatch": 40, "lay": 30, "nonnative": 10, "typo": 10}
+
+
+def _level1_vitals(rng: random.Random, age: int, reading: str) -> dict:
+    """Adult vital signs whose `reading` meets ESI decision point A under `predictors.vitals`."""
+    v = vitals(rng, age, "normal")
+    if reading == "spo2":
+        v["SpO2"], v["RR"], v["HR"] = rng.randint(72, 89), rng.randint(28, 44), rng.randint(100, 140)
+    elif reading == "sbp":
+        v["SBP"], v["HR"] = rng.randint(50, 68), rng.randint(118, 160)
+    elif reading == "hr_low":
+        v["HR"], v["SBP"] = rng.randint(24, 38), rng.randint(72, 96)
+    elif reading == "hr_high":
+        v["HR"], v["SBP"] = rng.randint(185, 230), rng.randint(68, 92)
+    elif reading == "rr_low":
+        v["RR"], v["SpO2"] = rng.randint(4, 7), rng.randint(80, 93)
+    v["DBP"] = max(25, int(v["SBP"] * rng.uniform(0.55, 0.68)))
+    return v
+
+
+def revision5_relabel(rows: list[dict]) -> list[dict]:
+    """(a): a row whose text meets a level-1 floor of `predictors.vitals` is labelled 1."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    from predictors.vitals import parse_vitals, safety_floor
+
+    for r in rows:
+        if r["level"] > 1 and safety_floor(parse_vitals(r["text"]), r["level"]).level == 1:
+            r["level"], r["rule"] = 1, "A:SpO2<90(rev5)"
+    return rows
+
+
+def awake_level1(start_id: int, seen: set[str]) -> list[dict]:
+    """(b): level-1 patients who are awake, in the dispatch styles; split 70/15/15 per style."""
+    rng = random.Random(REV5_SEED)
+    rows: list[dict] = []
+    for style, n in REV5_N.items():
+        got, tries = 0, 0
+        while got < n and tries < n * 200:
+            tries += 1
+            shorts, reading, lays = rng.choice(L1_AWAKE)
+            age = rng.randint(18, 92)
+            altered = reading in ("none", "rr_low") or "confused" in shorts[0] or "drowsy" in shorts[0]
+            v = _level1_vitals(rng, age, reading)
+            who, pro = rng.choice([w for w in WHO_LAY if w[0] != "i"])
+            if any(w in shorts[0] + lays[0] for w in ("fever", "sepsis", "septic")):
+                v["BT"] = round(rng.uniform(38.4, 40.2), 1)
+            if style == "nurse":
+                mental = rng.choice(AWAKE_MENTAL_ALTERED if altered else AWAKE_MENTAL)
+                text = nurse(rng, rng.choice(shorts), age, v, mental, None, 1)
+            elif style == "dispatch":
+                text = dispatch(rng, rng.choice(lays), who, pro, age, v if reading != "none" else None)
+            elif style == "nonnative":
+                text = nonnative(rng, rng.choice(lays), who, pro, age)
+            else:
+                base = lay(rng, rng.choice(lays), who, pro, age)
+                text = typo(rng, base) if style == "typo" else base
+            for a, b in _OBJECT_PRONOUN:
+                text = text.replace(a, b)
+            if "gave birth" in text and pro == "he":
+                continue
+            key = text.strip().lower()
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append({"text": text, "level": 1, "style": style, "rule": "A:life-saving-intervention(awake,rev5)",
+                         "kind": "dispatch"})
+            got += 1
+    _split_rows(rows, "style", rng)
+    rng.shuffle(rows)
+    for i, r in enumerate(rows):
+        r["id"] = f"t{start_id + i:05d}"
+    return [{k: r[k] for k in FIELDS} for r in rows]
+
+
 def corpus_rows() -> list[dict]:
     """Every row of the current revision, in file order (deterministic)."""
     rows = build()
@@ -781,7 +924,10 @@ def corpus_rows() -> list[dict]:
     for r in rows:  # revision 4: every row says whether it is a dispatch request
         r["kind"] = "dispatch"
     seen = {r["text"].strip().lower() for r in rows}
-    return rows + non_dispatch(len(rows), seen)
+    rows += non_dispatch(len(rows), seen)
+    rows = revision5_relabel(rows)
+    seen = {r["text"].strip().lower() for r in rows}
+    return rows + awake_level1(len(rows), seen)
 
 
 def main() -> None:

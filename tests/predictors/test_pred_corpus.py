@@ -27,16 +27,37 @@ NON_DISPATCH_STYLES = {"writing", "code", "trivia", "admin", "chat", "metaphor",
 
 
 def test_revision_4_keeps_every_earlier_row():
-    """Revision 4 appends; the 2,810 rows of revision 3 keep id, text, level, split, style
-    and rule (the hash of those fields as committed at revision 3), and gain kind "dispatch"."""
+    """Revision 4 appends; the 2,810 rows of revision 3 keep id, text, split and style (the
+    hash of those fields as committed at revision 3) and gain kind "dispatch"; their level
+    and rule are revision 3's (hash of id, text, level, split, style, rule: 004bb47d511872b5
+    at revision 4) except where revision 5 relabelled a row 1 (below)."""
     import hashlib
     import json
 
     rows = load_corpus()[:2810]
-    fields = ("id", "text", "level", "split", "style", "rule")
+    fields = ("id", "text", "split", "style")
     digest = hashlib.sha256(json.dumps([[r[k] for k in fields] for r in rows]).encode()).hexdigest()[:16]
-    assert digest == "004bb47d511872b5"
+    assert digest == "b10b25e08da8faee"
     assert all(r["kind"] == "dispatch" for r in rows)
+    assert Counter(r["rule"] for r in rows if r["rule"].endswith("(rev5)")) == {"A:SpO2<90(rev5)": 13}
+
+
+def test_revision_5_relabels_level_1_readings_and_adds_awake_level_1_patients():
+    """Revision 5: a text whose vitals meet ESI decision point A (SpO2 < 90 since revision 5)
+    is labelled 1; 180 level-1 patients who are awake (alert or confused, not the
+    unresponsive patients of every earlier level-1 nurse message) are appended in the
+    dispatch styles, every style in every split; the non-dispatch rows are untouched."""
+    rows = load_corpus()
+    assert [r["id"] for r in rows if r["level"] > 1 and safety_floor(parse_vitals(r["text"]), r["level"]).level == 1] == []
+    relabelled = [r for r in rows if r["rule"] == "A:SpO2<90(rev5)"]
+    assert len(relabelled) == 13 and all(r["level"] == 1 and parse_vitals(r["text"]).spo2 < 90 for r in relabelled)
+    awake = rows[3510:]
+    assert len(awake) == 180 and all(r["level"] == 1 and r["kind"] == "dispatch" for r in awake)
+    assert all(r["rule"] == "A:life-saving-intervention(awake,rev5)" for r in awake)
+    for split in ("train", "validation", "test"):
+        assert {r["style"] for r in awake if r["split"] == split} == {"nurse", "dispatch", "lay", "nonnative", "typo"}
+    nurse = [r for r in awake if r["style"] == "nurse"]
+    assert all(parse_vitals(r["text"]).avpu in ("A", "V") for r in nurse)
 
 
 def test_non_dispatch_texts_are_level_5_in_every_split_and_trip_no_floor():

@@ -79,6 +79,11 @@ def test_danger_zone_limits_by_age():
     (Vitals(age=50, sbp=65), 3, 1),
     (Vitals(avpu="V"), 5, 2),
     (Vitals(spo2=90), 4, 2),
+    (Vitals(spo2=89), 4, 1),           # ESI v4 decision point A names SpO2 < 90 (85 before revision 5)
+    (Vitals(spo2=86), 3, 1),
+    (Vitals(spo2=91), 5, 2),
+    (Vitals(gcs=8), 5, 1),             # unresponsive
+    (Vitals(gcs=9), 5, 5),
     (Vitals(age=50, sbp=85), 4, 2),
     (Vitals(age=50, hr=120), 3, 2),    # decision point D applies to level-3 candidates
     (Vitals(age=50, hr=120), 4, 5),    # ... and not to 0-1 resource patients
@@ -90,6 +95,14 @@ def test_danger_zone_limits_by_age():
 ])
 def test_safety_floor(v, model_level, floor):
     assert safety_floor(v, model_level).level == floor
+
+
+def test_gcs_is_read_beside_another_vital_sign_only():
+    """"GCS" is also Google Cloud Storage: a Glasgow Coma Scale counts only in a vitals line."""
+    assert parse_vitals("fall from height, GCS 6, age 71, SBP 123 DBP 77 HR 80 RR 20").gcs == 6
+    assert safety_floor(parse_vitals("MVA, GCS 7, BP 130/80 HR 90"), 3).level == 1
+    assert parse_vitals("please upload GCS 3 files to the bucket").gcs is None
+    assert parse_vitals("GCS 25, HR 80").gcs is None  # not a Glasgow score
 
 
 @given(st.text(max_size=300))

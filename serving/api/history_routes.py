@@ -54,24 +54,25 @@ def load_history(app, kind: str, t0: float | None, t1: float | None) -> list[dic
             if t1 is not None:
                 q = q.where(RelabelRow.at < t1)
             rel = list(s.scalars(q))
-            ev = {(e.request_id, e.at): e for e in s.scalars(
+            # the chain stores event times rounded to the microsecond (serving/db/chain.py)
+            ev = {(e.request_id, round(e.at, 6)): e for e in s.scalars(
                 select(AuditEventRow).where(AuditEventRow.kind == "relabel",
                                             AuditEventRow.request_id.in_({r.request_id for r in rel})))} if rel else {}
             for r in rel:
-                e = ev.get((r.request_id, r.at))
+                e = ev.get((r.request_id, round(r.at, 6)))
                 entries.append({"kind": "relabel", "at": r.at, "actor": r.actor, "request_id": r.request_id,
                                 "from": f"level {r.from_level}", "to": f"level {r.to_level}", "reason": r.reason,
                                 "stage": r.stage, "audit_event_id": e.id if e else None,
                                 "audit_hash": e.hash if e else None})
         if kind in ("all", "classes"):
-            ev = {e.at: e for e in s.scalars(select(AuditEventRow).where(
+            ev = {round(e.at, 6): e for e in s.scalars(select(AuditEventRow).where(
                 AuditEventRow.kind.in_(("classes.updated", "classes.loaded"))))}
     if kind in ("all", "classes"):
         versions = sorted(load_versions(app), key=lambda v: v["version"])
         for prev, v in zip([None] + versions[:-1], versions):
             if (t0 is not None and v["created"] < t0) or (t1 is not None and v["created"] >= t1):
                 continue
-            e = ev.get(v["created"])
+            e = ev.get(round(v["created"], 6))
             entries.append({"kind": "classes", "at": v["created"], "actor": v["actor"], "request_id": None,
                             "from": f"version {prev['version']}" if prev else "-", "to": f"version {v['version']}",
                             "reason": v["reason"] or "", "changes": _class_changes(prev, v),

@@ -279,7 +279,7 @@ class ClassesBody(Strict):
     w_decode: float | None = Field(None, gt=0)
     version: int | None = None   # ignored on input: the server assigns the next version
     escalate_below: float | None = Field(None, gt=0, le=1, description=(
-        "the urgency model's escalation threshold: raise a call to level 2 when P(level 1-2) reaches it "
+        "the urgency model's escalation threshold: raise a call to level 1 or 2 when P(level 1-2) reaches it "
         "(omitted: unchanged)"))
     reason: str | None = Field(None, max_length=2000, description="why this version (shown in the history)")
 

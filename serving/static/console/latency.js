@@ -73,12 +73,15 @@ function drawCharts(s, pctl) {
     ["slo_attainment", "SLO attainment by level (share of requests)", v => v],
     ["shed_errored", "Shed + aborted + errored requests by level", null],
   ];
-  for (const [key, title] of specs) {
-    const fig = el("figure", {class: "chart", "aria-label": title + " (the same figures are in the table below)"},
-                   el("figcaption", {}, title));
+  // lay out every chart's cell first, then size each plot to its cell
+  const cells = specs.map(([key, title]) => {
+    const fig = el("figure", {"aria-label": title + " (the same figures are in the table below)"}, el("figcaption", {}, title));
     const div = el("div", {class: "plot", dataset: {metric: key}});
     fig.append(div);
     box.append(el("div", {class: "chart"}, fig));
+    return [key, fig, div];
+  });
+  for (const [key, fig, div] of cells) {
     const data = [xs];
     const series = [{label: "time (UTC)"}];
     for (const lv of s.levels) {
@@ -90,8 +93,8 @@ function drawCharts(s, pctl) {
       series.push({label: `L${lv}`, stroke: COLORS[lv] || "#333", dash: DASH[lv] || [], width: 2, points: {show: true, size: 6},
                    spanGaps: false});
     }
-    const width = Math.max(320, Math.min(640, box.clientWidth / 2 - 20));
-    const plot = new uPlot({width, height: 220, series, axes: [{}, {size: 60}], scales: {x: {time: true}},
+    const width = Math.max(260, Math.floor(fig.getBoundingClientRect().width) - 4);   // the grid cell's width
+    const plot = new uPlot({width, height: 200, series, axes: [{}, {size: 60}], scales: {x: {time: true}},
                             legend: {live: false}, tzDate: ts => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC")}, data, div);
     charts.push({metric: key, plot, data});
   }

@@ -75,6 +75,12 @@ def lower_engine_priority(niceness: int) -> list[int]:
     return done
 
 
+def _shutdown_late_engine(fut) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        log.warning("an engine start that was given up finished late: shutting it down")
+        fut.result().shutdown()
+
+
 @dataclass
 class EngineConfig:
     model: str = field(default_factory=lambda: str(default_model_dir()))
@@ -168,7 +174,12 @@ class TriageEngine:
         t0 = time.time()
         # built in a worker thread: the event loop keeps answering (health checks, new
         # calls into the queue, streams) while the engine loads, e.g. during a restart
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        fut = asyncio.get_running_loop().run_in_executor(None, AsyncLLM.from_engine_args, args)
+        try:
+            llm = await asyncio.shield(fut)
+        except asyncio.CancelledError:   # timed out or shut down: an engine built later is shut down, not leaked
+            fut.add_done_callback(_shutdown_late_engine)
+            raise
         if hasattr(llm, "_run_output_handler"):   # vLLM starts it itself only when built on the loop
             llm._run_output_handler()
         self._llm = llm

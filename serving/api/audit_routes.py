@@ -22,6 +22,10 @@ from serving.auth import AuditorKey
 from serving.db.models import AuditEventRow, RelabelRow, RequestRow
 from serving.db.writer import verify
 
+# ended before a full answer, by the client or the service: the client went away
+# (cancelled), the drain deadline (shutdown), an engine death mid-stream (engine_restart)
+ABORTED = ("aborted", "cancelled", "shutdown", "engine_restart")
+
 router = APIRouter(prefix="/audit", tags=["auditors"])
 
 GROUPS = {"level": RequestRow.effective_level, "predicted_level": RequestRow.predicted_level,
@@ -66,7 +70,7 @@ def latency_report(rows, group_by: str) -> list[dict]:
         ideal = sum(r.tdg_ideal or 0.0 for r in rs)
         out.append({
             group_by: key, "count": len(rs), "served": len(served),
-            "shed": sum(r.outcome == "shed" for r in rs), "aborted": sum(r.outcome == "aborted" for r in rs),
+            "shed": sum(r.outcome == "shed" for r in rs), "aborted": sum(r.outcome in ABORTED for r in rs),
             "errored": sum(r.outcome == "error" for r in rs),
             "slo_attainment": round(sum(bool(r.slo_met) for r in rs) / len(rs), 6),
             "tdg_ratio": round(sum(r.tdg_gain or 0.0 for r in rs) / ideal, 6) if ideal else None,

@@ -1,0 +1,119 @@
+"""How long the served model's answers are under the service's default decoding.
+
+Sends every corpus text of one split (default: test) as the single user message of the
+served model's chat template through `serving.engine.TriageEngine` (vLLM in process, our
+scheduler) with no sampling field of its own: the model's generation_config defaults
+(what the API applies when a request leaves temperature/top_p out) and
+`max_tokens` 256 (the service's `default_max_tokens`, what a request that sets none gets).
+Prints the median, p90 and the share of answers that hit the cap, over all texts of the
+split and over its dispatch texts alone. `--set KEY=VALUE` tries a candidate default on
+top of the model's (e.g. `--set repetition_penalty=1.1`) before it is written into
+generation_config.json; the JSON says which were set.
+
+    nice -n 10 env HF_HUB_OFFLINE=1 .venv/bin/python scripts/answer_lengths.py [--split test] \
+        [--corpus data/triage/corpus.jsonl] [--sample N] [--set ''] [--set repetition_penalty=1.1] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: Path | None,
+              configs: list[dict], sample: int = 0) -> list[dict]:
+    """One engine; the split's texts (or a seeded sample of `sample` of them) once per
+    configuration in `configs` (overrides on top of the model's defaults; {} = the defaults)."""
+    import random
+
+    import numpy as np
+
+    from serving.engine import EngineConfig, TriageEngine
+
+    rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == split]
+    if sample and sample < len(rows):
+        rows = random.Random(0).sample(rows, sample)
+    engine = TriageEngine(EngineConfig(max_num_seqs=concurrency))
+    await engine.start()
+    model_defaults = engine.generation_defaults
+    tok = engine.tokenizer
+    sink = out.open("w", encoding="utf-8") if out is not None else None   # one line per answer, as it ends
+    reports = []
+    try:
+        for ci, overrides in enumerate(configs):
+            defaults = {**model_defaults, **overrides}
+            print(f"{len(rows)} {split} texts; model defaults {model_defaults}; overrides {overrides}; "
+                  f"max_tokens {max_tokens}", file=sys.stderr)
+            sem = asyncio.Semaphore(concurrency)
+            results: list[dict] = []
+            t0 = time.time()
+
+            async def one(r: dict) -> None:
+                prompt = tok.apply_chat_template([{"role": "user", "content": r["text"]}], tokenize=False,
+                                                 add_generation_prompt=True)
+                async with sem:
+                    n, reason, text = 0, None, []
+                    async for ev in engine.generate(f"{r['id']}-{ci}", prompt, max_tokens=max_tokens, level=3,
+                                                    ttft_slo=60.0, tpot_slo=1.0, predicted_output_len=128, **defaults):
+                        n, reason = ev.output_tokens, ev.finish_reason or reason
+                        text.append(ev.text)
+                results.append({"id": r["id"], "kind": r.get("kind", "dispatch"), "overrides": overrides,
+                                "output_tokens": n, "finish_reason": reason, "answer": "".join(text)})
+                if sink is not None:
+                    sink.write(json.dumps(results[-1]) + "\n")
+                    sink.flush()
+                if len(results) % 10 == 0:
+                    print(f"{len(results)}/{len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
+
+            await asyncio.gather(*(one(r) for r in rows))
+
+            def summary(sel: list[dict]) -> dict:
+                n = np.array([x["output_tokens"] for x in sel])
+                return {"texts": len(n), "median": float(np.median(n)), "p90": float(np.percentile(n, 90)),
+                        "mean": round(float(n.mean()), 1), "hit_cap": round(float((n >= max_tokens).mean()), 4)}
+
+            reports.append({"corpus": str(corpus), "split": split, "sample": sample or None,
+                            "model_defaults": model_defaults, "overrides": overrides, "max_tokens": max_tokens,
+                            **summary(results), "dispatch": summary([x for x in results if x["kind"] == "dispatch"]),
+                            "seconds": round(time.time() - t0, 1)})
+            print(json.dumps(reports[-1]), file=sys.stderr)
+    finally:
+        await engine.stop()
+        if sink is not None:
+            sink.close()
+    return reports
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[1] / "data/triage/corpus.jsonl")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--max-tokens", type=int, default=256, help="the service's default_max_tokens")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=None, help="per-text results with the answer (JSONL)")
+    ap.add_argument("--set", dest="configs", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="a configuration to run: sampling defaults to try on top of the model's; repeatable, each "
+                         "one a separate pass over the texts; '' is the model's own defaults (the default)")
+    ap.add_argument("--sample", type=int, default=0, help="a seeded sample of N texts of the split (0 = all)")
+    a = ap.parse_args()
+    configs = []
+    for spec in a.configs or [""]:
+        cfg = {}
+        for kv in filter(None, spec.split(",")):
+            k, _, v = kv.partition("=")
+            if not v:
+                ap.error(f"--set wants KEY=VALUE, got {kv!r}")
+            cfg[k.strip()] = int(v) if k.strip() == "top_k" else float(v)
+        configs.append(cfg)
+    reports = asyncio.run(run(a.corpus, a.split, a.max_tokens, a.concurrency, a.out, configs, a.sample))
+    print(json.dumps(reports[0] if len(reports) == 1 else reports))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ from predictors.urgency import choose_escalate_below, decide_many
 ProgressFn = Callable[[str, int, int], None]
 
 
-RECIPE = 3  # bump when the default training changes, so `train all --if-missing` retrains older models (3: corpus revision 4, length labels at T=0.2)
+RECIPE = 4  # bump when the default training changes, so `train all --if-missing` retrains older models (3: corpus revision 4, length labels at T=0.2; 4: corpus revision 5, SpO2 < 90 level-1 rows and awake level-1 patients)
 
 
 @dataclass

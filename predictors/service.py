@@ -32,7 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from predictors.model import Classifier, default_model_dir, shares_encoder
+from predictors.embedding import PooledHead
+from predictors.model import Classifier, default_model_dir, shares_encoder, softmax
+from predictors.site_features import site_features
+from predictors.site_slot import SiteSlot
 from predictors.urgency import decide
 
 log = logging.getLogger(__name__)
@@ -47,11 +50,18 @@ class Prediction:
     length_bucket: int  # index into the length buckets (0 = shortest)
     length_tokens_estimate: int  # expected output tokens: Σ P(bucket)·(median tokens of the bucket)
     reasons: tuple[str, ...] = ()  # why level differs from predicted_level (empty when it does not)
+    general_level: int | None = None  # the general model's decision (= level unless a site adapter is live)
+    site_version: int | None = None  # the promoted site adapter that decided `level` (predictors.site_slot)
+    shadow_level: int | None = None  # the shadow candidate's decision, beside (never used)
+    features: np.ndarray | None = field(default=None, repr=False, compare=False)  # site_features row (relabel examples)
 
     def to_json(self) -> dict:
-        return {"level": self.level, "predicted_level": self.predicted_level, "probs": [round(p, 4) for p in self.probs],
-                "length_bucket": self.length_bucket, "length_tokens_estimate": self.length_tokens_estimate,
-                "reasons": list(self.reasons)}
+        out = {"level": self.level, "predicted_level": self.predicted_level, "probs": [round(p, 4) for p in self.probs],
+               "length_bucket": self.length_bucket, "length_tokens_estimate": self.length_tokens_estimate,
+               "reasons": list(self.reasons)}
+        if self.site_version is not None:
+            out.update(general_level=self.general_level, site_version=self.site_version)
+        return out
 
 
 class Predictor:
@@ -63,11 +73,13 @@ class Predictor:
         self.length = Classifier(length_dir or default_model_dir("length"), threads=threads)
         # the length head is trained on the urgency model's frozen encoder: one encoder pass serves both
         self.shared_encoder = shares_encoder(self.urgency, self.length)
+        self.pooled = PooledHead(self.urgency)  # the site adapters' input, from the same pass
         if self.shared_encoder:
-            self.urgency.set_runtime(runtime, also=(self.length,))
+            self.urgency.set_runtime(runtime, also=(self.length, self.pooled))
         else:
-            self.urgency.set_runtime(runtime)
+            self.urgency.set_runtime(runtime, also=(self.pooled,))
             self.length.set_runtime(runtime)
+        self.site = SiteSlot()  # promoted / shadow site adapters, swapped live (serving.adapt)
         self.escalate_below = self.urgency.meta.escalate_below if escalate_below == "trained" else escalate_below
         self.use_vitals = use_vitals
 
@@ -78,19 +90,23 @@ class Predictor:
     def predict(self, texts: list[str]) -> list[Prediction]:
         if not texts:
             return []
-        if self.shared_encoder:
-            up, lp = self.urgency.all_probs(texts)
-        else:
-            up, lp = self.urgency.probs(texts), self.length.probs(texts)
+        logits = self.urgency.all_logits(texts)
+        up, pooled = softmax(logits[0], self.urgency.meta.temperature), logits[-1]
+        lp = softmax(logits[1], self.length.meta.temperature) if self.shared_encoder else self.length.probs(texts)
+        decisions = [decide(p, text, self.escalate_below, self.use_vitals) for text, p in zip(texts, up)]
+        feats = site_features(pooled, up, texts)
+        levels, version, shadow, _ = self.site.apply(feats, [d.level for d in decisions])
         out = []
         tokens = self.length.meta.bucket_tokens
-        for text, p, q in zip(texts, up, lp):
-            d = decide(p, text, self.escalate_below, self.use_vitals)
+        for i, (p, q, d) in enumerate(zip(up, lp, decisions)):
             b = int(np.argmax(q))
             # the expectation, not the argmax bucket's median: with two thirds of the answers
             # at the cap the argmax is nearly always the cap, and the scheduler wants a mean
             est = int(round(float(np.dot(q, tokens))))
-            out.append(Prediction(d.level, d.predicted_level, tuple(float(x) for x in p), b, max(1, est), d.reasons))
+            reasons = d.reasons if version is None else (*d.reasons, f"site_adapter:v{version}")
+            out.append(Prediction(int(levels[i]), d.predicted_level, tuple(float(x) for x in p), b, max(1, est), reasons,
+                                  general_level=d.level, site_version=version,
+                                  shadow_level=None if shadow is None else int(shadow[i]), features=feats[i]))
         return out
 
     def levels(self, texts: list[str]) -> list[int]:

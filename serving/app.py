@@ -121,6 +121,9 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
     app.include_router(series_routes.router)
     app.include_router(console_routes.router)   # the operator console: /ui/...
     console_routes.mount_static(app)
+    from serving.api import model_routes
+
+    app.include_router(model_routes.router)   # site adapters: /admin/models
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request):
@@ -224,6 +227,9 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
         predictor = await _start_predictor(s)
         app.state.own_predictor = True
     app.state.predictor = predictor
+    from serving.adapt.service import start_site
+
+    app.state.site = await start_site(app, s)   # site adapters from operator relabels (serving/adapt)
     from serving.api.class_routes import apply_threshold, trained_threshold
 
     if escalate_below is not None:   # the stored version's threshold wins over the trained one
@@ -315,6 +321,8 @@ async def _shutdown(app: FastAPI) -> None:
         await st.frontend.stop()
     if getattr(st, "backend", None):
         await st.backend.stop()
+    if getattr(st, "site", None):
+        await st.site.stop()
     if getattr(st, "own_predictor", False):
         await st.predictor.close()
     if getattr(st, "writer", None):

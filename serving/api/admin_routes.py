@@ -16,12 +16,17 @@ async def relabel(request: Request, request_id: str, body: RelabelBody, who: Ope
     fe = request.app.state.frontend
     if body.level not in fe.classes.classes:
         raise APIError(400, f"invalid level {body.level}; levels are {list(fe.classes.levels)}", param="level")
+    job = fe.jobs.get(request_id)
     try:
-        return await fe.relabel(request_id, body.level, who.actor, body.reason)
+        res = await fe.relabel(request_id, body.level, who.actor, body.reason)
     except NotFound:
         raise APIError(404, f"no live request {request_id!r} (finished requests are in /audit/requests)") from None
     except Conflict as e:
         raise APIError(409, str(e)) from None
+    site = getattr(request.app.state, "site", None)
+    if site is not None and job is not None:
+        site.record_relabel(job, body.level, who)   # the relabel log a site adapter learns from (serving/adapt)
+    return res
 
 
 @router.get("/queue")

@@ -153,13 +153,18 @@ def evaluate_urgency(
     escalate_below: Annotated[Optional[float], typer.Option(help="override the trained threshold (>=1 disables escalation)")] = None,
     no_vitals: Annotated[bool, typer.Option("--no-vitals", help="switch off the ESI vital-sign floors (ablation)")] = False,
     runtime: Runtime = "auto",
+    adapt: Annotated[Optional[str], typer.Option(help="kfold=K[,budget=B]: KTAS only; simulate a site whose operators "
+                                                 "relabelled the other K-1 folds (predictors/site_eval.py)")] = None,
 ) -> None:
     """Evaluate the urgency predictor (accuracy, macro-F1, under-triage of levels 1-2, level-1 recall, confusion)."""
     from predictors.evaluate import DATASETS, evaluate_urgency as run
 
     if dataset not in DATASETS:
         raise typer.BadParameter(f"dataset must be one of {DATASETS}")
-    from predictors.model import Classifier, ModelMissing, default_model_dir
+    if adapt is not None:
+        _evaluate_adapt(dataset, adapt, as_json, threads, runtime)
+        return
+    from predictors.model import Classifier, ModelMissing, default_model_dir, softmax
     from predictors.urgency import decide_many
 
     try:
@@ -169,10 +174,14 @@ def evaluate_urgency(
         raise typer.Exit(2)
     thr = clf.meta.escalate_below if escalate_below is None else (None if escalate_below >= 1 else escalate_below)
 
+    seen: dict = {}
+
     def levels(texts):
-        return [d.level for d in decide_many(clf.probs(texts), texts, thr, use_vitals=not no_vitals)]
+        seen["logits"] = clf.logits(texts)
+        return [d.level for d in decide_many(softmax(seen["logits"], clf.meta.temperature), texts, thr, use_vitals=not no_vitals)]
 
     rep = run(dataset, levels)
+    rep.update(_calibration(dataset, seen["logits"], clf.meta.temperature))
     rep["escalate_below"] = thr
     rep["vitals_rules"] = not no_vitals
     rep["runtime"] = clf.runtime
@@ -192,6 +201,65 @@ def evaluate_urgency(
             t.add_row(k, "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
     Console().print(t)
     typer.echo("confusion (rows gold, cols predicted 1-5): " + json.dumps(rep["confusion"]))
+
+
+def _calibration(dataset: str, logits, temperature: float) -> dict:
+    """Expected calibration error of the urgency probabilities (top-class confidence, 10
+    bins) against the five gold levels: with the fitted temperature (what the escalation
+    rule reads) and without it. Semigran's three classes have no per-level gold: none."""
+    from predictors.calibration import expected_calibration_error
+    from predictors.model import softmax
+
+    if dataset == "ktas":
+        from predictors.evaluate import load_ktas
+
+        gold = load_ktas()[1]
+    elif dataset == "corpus-test":
+        from predictors.corpus import load_corpus
+
+        gold = [r["level"] for r in load_corpus("test")]
+    else:
+        return {"ece": None, "ece_uncalibrated": None}
+    import numpy as np
+
+    g = np.asarray(gold) - 1
+    return {"ece": expected_calibration_error(softmax(logits, temperature), g),
+            "ece_uncalibrated": expected_calibration_error(softmax(logits, 1.0), g), "temperature": temperature}
+
+
+def _evaluate_adapt(dataset: str, spec: str, as_json: bool, threads: int, runtime: str) -> None:
+    if dataset != "ktas":
+        raise typer.BadParameter("--adapt simulates a site on KTAS only (--dataset ktas)")
+    try:
+        opts = dict(kv.split("=", 1) for kv in spec.split(","))
+        k = int(opts.pop("kfold"))
+        budget = float(opts.pop("budget")) if "budget" in opts else None
+        if opts:
+            raise ValueError(f"unknown {sorted(opts)}")
+    except (ValueError, KeyError) as e:
+        raise typer.BadParameter(f"--adapt takes kfold=K[,budget=B], e.g. kfold=5 ({e})") from None
+    if not 2 <= k <= 20:
+        raise typer.BadParameter("kfold must be 2-20")
+    from predictors.site_eval import evaluate_ktas_adaptation
+
+    with _progress() as progress:
+        rep = evaluate_ktas_adaptation(k, budget=budget, threads=threads, runtime=runtime, progress=_progress_fn(progress))
+    if as_json:
+        typer.echo(json.dumps(rep))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"KTAS, site adaptation ({k}-fold): adapted vs zero-shot")
+    for c in ("rows", "accuracy", "under-triage 1-2", "level-1 recall", "over-triage", "within one", "ECE"):
+        t.add_column(c)
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    rows = [(f"fold {f['fold']} {name}", f[key]) for f in rep["per_fold"] for name, key in (("adapted", "adapted"), ("zero-shot", "zero_shot"))]
+    rows += [("all adapted", rep["adapted"]), ("all zero-shot", rep["zero_shot"])]
+    for name, r in rows:
+        t.add_row(name, fmt(r["accuracy"]), fmt(r["under_triage_1_2"]), fmt(r["level1_recall"]), fmt(r["over_triage"]),
+                  fmt(r["within_one"]), fmt(r.get("ece")))
+    Console().print(t)
 
 
 @evaluate_app.command("length")

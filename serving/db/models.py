@@ -125,3 +125,43 @@ class AuditEventRow(Base):
 
 
 ROLES = ("client", "operator", "auditor", "admin")
+
+
+class RelabelExampleRow(Base):
+    """An operator relabel as a labelled example of the site's protocol (serving.adapt):
+    the request's site features (base64 float32; never its text), the operator's level and
+    the general model's own decision. Written through the audit writer, sealed by an event."""
+
+    __tablename__ = "relabel_examples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), index=True)
+    actor: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+    level: Mapped[int] = mapped_column(Integer)
+    general_level: Mapped[int] = mapped_column(Integer)
+    features: Mapped[str] = mapped_column(Text)
+    feature_version: Mapped[int] = mapped_column(Integer)
+    general_fingerprint: Mapped[str] = mapped_column(String(64))
+
+
+class SiteModelRow(Base):
+    """A site adapter version: its files under <state dir>/site_models/v<version>, its held-out
+    figures and verdict, and its state: candidate (passed the gate), refused, live, retired."""
+
+    __tablename__ = "site_models"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    created: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    passed: Mapped[bool] = mapped_column(Boolean, default=False)
+    verdict: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+    general_fingerprint: Mapped[str] = mapped_column(String(64))
+    n_train: Mapped[int] = mapped_column(Integer)
+    n_holdout: Mapped[int] = mapped_column(Integer)
+    figures: Mapped[str] = mapped_column(Text)       # JSON: held-out adapted / current / general, training info
+    promoted_at: Mapped[float | None] = mapped_column(Float)

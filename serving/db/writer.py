@@ -27,11 +27,12 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
 
 from serving.db.chain import GENESIS, canonical, event_hash, row_digest
-from serving.db.models import AuditEventRow, PriorityClassRow, RelabelRow, RequestRow
+from serving.db.models import AuditEventRow, PriorityClassRow, RelabelExampleRow, RelabelRow, RequestRow
 
 log = logging.getLogger(__name__)
 
-TABLES = {"requests": RequestRow, "relabels": RelabelRow, "priority_classes": PriorityClassRow}
+TABLES = {"requests": RequestRow, "relabels": RelabelRow, "priority_classes": PriorityClassRow,
+          "relabel_examples": RelabelExampleRow}
 
 
 @dataclass
@@ -243,7 +244,7 @@ class AuditWriter:
                         continue   # already written by an earlier (interrupted) replay
                     model = TABLES[r.table]
                     conn.execute(insert(model), r.rows)
-                    if r.table in ("requests", "relabels"):
+                    if r.table in ("requests", "relabels", "relabel_examples"):
                         payload["row_sha256"] = [row_digest(row) for row in r.rows]
                 body = canonical(payload)
                 h = event_hash(prev, r.at, r.kind, r.actor, r.request_id, body)

@@ -1,6 +1,7 @@
 // Models: the urgency and length predictors in use, their figures, and (where the
 // service has them) site adapters from GET /admin/models.
-import {api, el, fmt, scroll, table} from "./common.js";
+import {api, el, fmt} from "./common.js";
+import {renderAdapters} from "./adapters.js";
 
 export async function render(root) {
   const info = await api("/ui/api/models");
@@ -20,19 +21,5 @@ export async function render(root) {
   root.append(el("h2", {}, "Site adapters"));
   const box = el("div", {id: "adapters"});
   root.append(box);
-  try {
-    const a = await api("/admin/models");
-    const list = Array.isArray(a) ? a : (a.models || a.adapters || []);
-    if (!list.length) { box.append(el("p", {class: "muted"}, "No site adapters registered.")); return; }
-    const cols = [...new Set(list.flatMap(x => Object.keys(x)))];
-    const t = table("Site adapters", cols, {id: "adapter-rows"});
-    const tb = el("tbody");
-    for (const x of list) tb.append(el("tr", {}, ...cols.map(c => el("td", {class: "mono", text: typeof x[c] === "object" ? JSON.stringify(x[c]) : String(x[c] ?? "–")}))));
-    t.append(tb);
-    box.append(scroll("Site adapters", t));
-  } catch (e) {
-    box.append(el("p", {class: "muted", id: "adapters-none"}, e.status === 404
-      ? "This service has no site-adapter endpoint (GET /admin/models); only the models above are in use."
-      : `Site adapters unavailable: ${e.message}`));
-  }
+  await renderAdapters(box);   // versions, shadow agreement; admins: fit, shadow, promote, roll back
 }

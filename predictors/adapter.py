@@ -1,0 +1,321 @@
+"""A site adapter: a calibrated multinomial logistic head on the general model's frozen
+features (`predictors.site_features`), fitted on a site's relabels, with a cost-sensitive
+decision rule and the general model as its safety floor. numpy only.
+
+Fitting (`fit_adapter`, training rows only; nothing here sees held-out rows):
+1. Standardise the features; L2 strength chosen from `L2_GRID` by inner k-fold log-loss.
+2. Out-of-fold logits of the inner folds -> temperature (`calibration.fit_temperature`):
+   the adapter's probabilities are calibrated on rows its weights never saw.
+3. Decision rule: the level j minimising the expected cost sum_g P(g) C[g, j], where an
+   error costs 1 and sending a gold level 1-2 to a less urgent level costs `under_weight`.
+   `under_weight` is chosen on the out-of-fold probabilities: the most accurate weight whose
+   under-triage of levels 1-2 stays within `budget` (default: the general model's own
+   under-triage on the same rows, so the adapter is not allowed to be less safe).
+4. Safety floor: where the general model is confident of level 1-2 (calibrated
+   P(1)+P(2) >= `floor_confidence`, or its vital-sign rule A fired) the request gets the
+   more urgent of the two levels.
+5. The weights are refitted on all training rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from predictors.calibration import expected_calibration_error, fit_temperature
+from predictors.metrics import urgency_report
+from predictors.model import softmax
+from predictors.site_features import FEATURE_VERSION, VITALS_NAMES
+
+L2_GRID = (0.003, 0.01, 0.03, 0.1)
+UNDER_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 48.0)
+FLOOR_CONFIDENCE = 0.9
+ADAPTER_FILE, ADAPTER_META = "adapter.npz", "adapter.json"
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class AdaptError(ValueError):
+    """The relabel log cannot support an adapter (too few rows per level, one class, ...)."""
+
+
+# --- the logistic head ----------------------------------------------------------------------
+def _loss_grad(params: np.ndarray, X: np.ndarray, Y: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
+    d, k = X.shape[1], Y.shape[1]
+    W, b = params[: d * k].reshape(d, k), params[d * k:]
+    z = X @ W + b
+    z -= z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    n = len(X)
+    loss = -float((Y * logp).sum()) / n + 0.5 * l2 * float((W * W).sum())
+    g = (np.exp(logp) - Y) / n
+    gW = X.T @ g + l2 * W
+    return loss, np.concatenate([gW.ravel(), g.sum(axis=0)])
+
+
+def _lbfgs(f, x0: np.ndarray, iters: int = 300, m: int = 10, tol: float = 1e-5) -> np.ndarray:
+    """Minimise a smooth convex `f(x) -> (value, gradient)` (L-BFGS, Armijo backtracking)."""
+    x = x0.copy()
+    fx, g = f(x)
+    S: list[np.ndarray] = []
+    Yk: list[np.ndarray] = []
+    for _ in range(iters):
+        q = g.copy()
+        alphas = []
+        for s, y in zip(reversed(S), reversed(Yk)):
+            a = (s @ q) / (y @ s)
+            alphas.append(a)
+            q -= a * y
+        if S:
+            q *= (S[-1] @ Yk[-1]) / (Yk[-1] @ Yk[-1])
+        for (s, y), a in zip(zip(S, Yk), reversed(alphas)):
+            q += s * (a - (y @ q) / (y @ s))
+        step, direction = 1.0, -q
+        slope = g @ direction
+        if slope >= 0:  # not a descent direction: restart from the gradient
+            S.clear(), Yk.clear()
+            direction, slope = -g, -(g @ g)
+        while True:
+            xn = x + step * direction
+            fn, gn = f(xn)
+            if fn <= fx + 1e-4 * step * slope or step < 1e-10:
+                break
+            step *= 0.5
+        s, y = xn - x, gn - g
+        if y @ s > 1e-12:
+            S.append(s)
+            Yk.append(y)
+            if len(S) > m:
+                S.pop(0), Yk.pop(0)
+        x, g, done = xn, gn, abs(fx - fn) <= tol * max(1.0, abs(fx))
+        fx = fn
+        if done or np.abs(g).max() < 1e-7:
+            break
+    return x
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, k: int = 5, start: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Multinomial logistic regression on standardised X; y in 0..k-1. Returns (W, b).
+    `start`: (W, b) to start from (e.g. the solution for a stronger L2), else zero weights
+    and the class prior."""
+    Y = np.eye(k)[y]
+    d = X.shape[1]
+    if start is not None:
+        x0 = np.concatenate([np.asarray(start[0]).ravel(), np.asarray(start[1])])
+    else:
+        x0 = np.concatenate([np.zeros(d * k), np.log((np.bincount(y, minlength=k) + 1.0) / (len(y) + k))])
+    p = _lbfgs(lambda w: _loss_grad(w, X, Y, l2), x0)
+    return p[: d * k].reshape(d, k), p[d * k:]
+
+
+def stratified_folds(y: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Fold index per row, each class spread evenly over the folds (seeded)."""
+    rng = np.random.default_rng(seed)
+    fold = np.empty(len(y), dtype=int)
+    offset = 0
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        fold[idx] = (np.arange(len(idx)) + offset) % k
+        offset += len(idx)
+    return fold
+
+
+# --- the decision rule ----------------------------------------------------------------------
+def cost_matrix(under_weight: float) -> np.ndarray:
+    """C[g, j] (0-based levels): 0 when right, `under_weight` when gold 1-2 is sent less urgent, else 1."""
+    C = 1.0 - np.eye(5)
+    for g in (0, 1):
+        C[g, g + 1:] = under_weight
+    return C
+
+
+def general_floor_mask(general_probs: np.ndarray, floor_a: np.ndarray, general_levels: np.ndarray, confidence: float) -> np.ndarray:
+    return (general_levels <= 2) & ((general_probs[:, :2].sum(axis=1) >= confidence) | floor_a)
+
+
+def decide_levels(probs: np.ndarray, under_weight: float, general_levels: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Levels 1-5: the minimum expected cost level, raised to the general model's where `floor`."""
+    levels = (probs @ cost_matrix(under_weight)).argmin(axis=1) + 1
+    return np.where(floor, np.minimum(levels, general_levels), levels)
+
+
+def under_triage_12(gold: np.ndarray, pred: np.ndarray) -> float:
+    crit = gold <= 2
+    return float((crit & (pred > gold)).sum() / crit.sum()) if crit.any() else 0.0
+
+
+def choose_under_weight(probs, gold, general_levels, floor, budget: float) -> tuple[float, list[dict]]:
+    """The most accurate weight whose under-triage of 1-2 is within `budget` (ties: the
+    smaller weight); if none is, the weight with the least under-triage."""
+    table = []
+    for w in UNDER_WEIGHTS:
+        lv = decide_levels(probs, w, general_levels, floor)
+        table.append({"under_weight": w, "accuracy": float((lv == gold).mean()), "under_triage_1_2": under_triage_12(gold, lv)})
+    ok = [r for r in table if r["under_triage_1_2"] <= budget + 1e-12]
+    best = max(ok, key=lambda r: (r["accuracy"], -r["under_weight"])) if ok else \
+        min(table, key=lambda r: (r["under_triage_1_2"], -r["accuracy"]))
+    return best["under_weight"], table
+
+
+# --- the adapter ----------------------------------------------------------------------------
+@dataclass
+class SiteAdapter:
+    mean: np.ndarray
+    scale: np.ndarray
+    W: np.ndarray
+    b: np.ndarray
+    temperature: float
+    under_weight: float
+    hidden: int
+    floor_confidence: float = FLOOR_CONFIDENCE
+    feature_version: int = FEATURE_VERSION
+    general_fingerprint: str = ""
+    info: dict = field(default_factory=dict)
+
+    def logits(self, X: np.ndarray) -> np.ndarray:
+        return ((np.asarray(X, dtype=np.float64) - self.mean) / self.scale) @ self.W + self.b
+
+    def probs(self, X: np.ndarray) -> np.ndarray:
+        """Calibrated P(level 1..5)."""
+        return softmax(self.logits(X), self.temperature)
+
+    def floor(self, X: np.ndarray, general_levels: np.ndarray) -> np.ndarray:
+        X = np.asarray(X)
+        gp = np.exp(X[:, self.hidden:self.hidden + 5])
+        fa = X[:, self.hidden + 5 + VITALS_NAMES.index("floor_A")] > 0.5
+        return general_floor_mask(gp, fa, np.asarray(general_levels), self.floor_confidence)
+
+    def decide(self, X: np.ndarray, general_levels) -> np.ndarray:
+        """Effective levels 1-5 for feature rows `X` whose general-model levels are `general_levels`."""
+        X = np.asarray(X)
+        if len(X) == 0:
+            return np.zeros(0, dtype=int)
+        gl = np.asarray(general_levels, dtype=int)
+        return decide_levels(self.probs(X), self.under_weight, gl, self.floor(X, gl))
+
+    # -- files -------------------------------------------------------------------------------
+    def save(self, out_dir: Path) -> Path:
+        """Write atomically: a temporary folder renamed into place."""
+        out_dir = Path(out_dir)
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        np.savez(tmp / ADAPTER_FILE, mean=self.mean, scale=self.scale, W=self.W, b=self.b)
+        meta = {k: v for k, v in asdict(self).items() if k not in ("mean", "scale", "W", "b")}
+        (tmp / ADAPTER_META).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+        return out_dir
+
+    @classmethod
+    def load(cls, path: Path) -> "SiteAdapter":
+        path = Path(path)
+        meta = json.loads((path / ADAPTER_META).read_text(encoding="utf-8"))
+        with np.load(path / ADAPTER_FILE) as z:
+            arrays = {k: z[k] for k in ("mean", "scale", "W", "b")}
+        a = cls(**arrays, **meta)
+        if a.W.shape != (len(a.mean), 5) or a.b.shape != (5,):
+            raise ValueError(f"adapter at {path} is malformed (weights {a.W.shape})")
+        return a
+
+
+def _standardise(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = X.mean(axis=0)
+    scale = X.std(axis=0)
+    return mean, np.where(scale < 1e-3, 1.0, scale)
+
+
+def check_log(y: np.ndarray, min_per_level: int) -> None:
+    """Refuse a relabel log that cannot teach five levels (clear message, nothing fitted)."""
+    y = np.asarray(y, dtype=int)
+    counts = {lv: int((y == lv).sum()) for lv in range(1, 6)}
+    present = [lv for lv, c in counts.items() if c]
+    if len(present) <= 1:
+        raise AdaptError(f"all {len(y)} relabels are level {present[0] if present else '-'}: an adapter needs examples "
+                         "of every level (nothing was changed)")
+    few = {lv: c for lv, c in counts.items() if c < min_per_level}
+    if few:
+        raise AdaptError(f"too few relabels per level: need at least {min_per_level} of each level 1-5, have "
+                         + ", ".join(f"level {lv}: {c}" for lv, c in few.items()) + " (nothing was changed)")
+
+
+def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden: int, *, budget: float | None = None,
+                folds: int = 5, seed: int = 0, min_per_level: int = 5, general_fingerprint: str = "",
+                progress: ProgressFn | None = None) -> SiteAdapter:
+    """Fit on training rows only (see module docstring). `y`, `general_levels`: levels 1-5."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=int)
+    gl = np.asarray(general_levels, dtype=int)
+    check_log(y, min_per_level)
+    mean, scale = _standardise(X)
+    Z = (X - mean) / scale
+    t = y - 1
+    fold = stratified_folds(y, folds, seed)
+    oof = {l2: np.zeros((len(y), 5)) for l2 in L2_GRID}
+    total, done = folds * len(L2_GRID) + 1, 0
+    for f in range(folds):
+        tr, te = fold != f, fold == f
+        m, s = _standardise(X[tr])  # inner folds standardise on their own training part
+        Ztr, start = (X[tr] - m) / s, None
+        for l2 in sorted(L2_GRID, reverse=True):  # strongest first, each warm-starting the next
+            W, b = start = fit_logistic(Ztr, t[tr], l2, start=start)
+            oof[l2][te] = ((X[te] - m) / s) @ W + b
+            done += 1
+            if progress:
+                progress("fit adapter", done, total)
+    nll = {l2: float(-(oof[l2] - np.log(np.exp(oof[l2] - oof[l2].max(1, keepdims=True)).sum(1, keepdims=True))
+                       - oof[l2].max(1, keepdims=True))[np.arange(len(t)), t].mean()) for l2 in L2_GRID}
+    l2 = min(L2_GRID, key=lambda v: nll[v])
+    temperature = fit_temperature(oof[l2], t)
+    probs = softmax(oof[l2], temperature)
+    gp = np.exp(X[:, hidden:hidden + 5])
+    fa = X[:, hidden + 5 + VITALS_NAMES.index("floor_A")] > 0.5
+    floor = general_floor_mask(gp, fa, gl, FLOOR_CONFIDENCE)
+    general_under = under_triage_12(y, gl)
+    bud = general_under if budget is None else float(budget)
+    w, table = choose_under_weight(probs, y, gl, floor, bud)
+    W, b = fit_logistic(Z, t, l2)
+    if progress:
+        progress("fit adapter", total, total)
+    oof_levels = decide_levels(probs, w, gl, floor)
+    info = {
+        "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "l2": l2,
+        "inner_folds": folds, "inner_nll": nll, "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
+        "general_under_triage_1_2_train": general_under, "under_weight_table": table,
+        "oof": {"accuracy": float((oof_levels == y).mean()), "under_triage_1_2": under_triage_12(y, oof_levels),
+                "ece_uncalibrated": expected_calibration_error(softmax(oof[l2], 1.0), t),
+                "ece": expected_calibration_error(probs, t)},
+    }
+    return SiteAdapter(mean=mean, scale=scale, W=W, b=b, temperature=float(temperature), under_weight=float(w), hidden=hidden,
+                       general_fingerprint=general_fingerprint, info=info)
+
+
+def compare(gold, adapted, current, general) -> dict:
+    """Held-out figures of the adapted, current and general decisions (levels 1-5)."""
+    gold = np.asarray(gold, dtype=int)
+    out = {}
+    for name, pred in (("adapted", adapted), ("current", current), ("general", general)):
+        r = urgency_report(gold, np.asarray(pred, dtype=int))
+        out[name] = {k: r[k] for k in ("n", "accuracy", "under_triage_1_2", "level1_recall", "over_triage", "within_one", "confusion")}
+    return out
+
+
+def promotion_verdict(fig: dict) -> tuple[bool, str]:
+    """Promote only if the adapted decisions beat the current model's accuracy on the held-out
+    rows and do not raise under-triage of levels 1-2 above the general model's."""
+    a, c, g = fig["adapted"], fig["current"], fig["general"]
+    if a["under_triage_1_2"] is not None and g["under_triage_1_2"] is not None and a["under_triage_1_2"] > g["under_triage_1_2"] + 1e-12:
+        return False, (f"refused: under-triage of levels 1-2 on the held-out relabels {a['under_triage_1_2']:.3f} is above "
+                       f"the general model's {g['under_triage_1_2']:.3f}")
+    if not a["accuracy"] > c["accuracy"]:
+        return False, f"refused: held-out accuracy {a['accuracy']:.3f} does not beat the current model's {c['accuracy']:.3f}"
+    return True, (f"passes: held-out accuracy {a['accuracy']:.3f} > current {c['accuracy']:.3f}; under-triage of 1-2 "
+                  f"{a['under_triage_1_2']:.3f} <= general {g['under_triage_1_2']:.3f}")

@@ -1,0 +1,94 @@
+"""The features a site adapter reads for one request: what the general model already computes
+(its pooled sentence vector and its calibrated P(level 1-5)) plus structured vital signs
+parsed from the text.
+
+    x = [pooled vector (hidden size) | log P_general(1..5) | vitals block (VITALS_NAMES)]
+
+The vitals block gives a linear head what it cannot get from digits in an embedding: each
+reading (missing -> a normal value, with a missing flag), how far it lies outside the
+normal adult range (hinges), the pain score (NRS 0-10, as "NRS 7" or "pain 7/10"), AVPU
+one-hot and the ESI floor flags of `predictors.vitals` (A, B, D). Nothing here is fitted:
+ranges are textbook adult normals, not learned from any data set.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_floor
+
+FEATURE_VERSION = 1  # bump when the layout below changes (stored examples carry it)
+
+# (field, normal value used when missing, scale, hinge below, hinge above)
+_READINGS = (
+    ("age", 40.0, 25.0, None, 65.0),
+    ("sbp", 125.0, 25.0, 90.0, 180.0),
+    ("dbp", 78.0, 15.0, 50.0, 110.0),
+    ("hr", 80.0, 20.0, 50.0, 100.0),
+    ("rr", 18.0, 5.0, 10.0, 22.0),
+    ("bt", 36.8, 0.7, 35.5, 38.0),
+    ("spo2", 98.0, 3.0, 94.0, None),
+    ("nrs", 0.0, 3.0, None, 6.5),
+)
+_AVPU = ("A", "V", "P", "U")
+_NRS = (re.compile(r"\bNRS\s*:?\s*(\d{1,2})\b", re.I), re.compile(r"\bpain(?: score| scale)?\s*:?\s*(\d{1,2})\s*/\s*10\b", re.I))
+
+
+def _names() -> tuple[str, ...]:
+    out: list[str] = []
+    for name, _, _, lo, hi in _READINGS:
+        out += [f"{name}", f"{name}_missing"]
+        if lo is not None:
+            out.append(f"{name}_below_{lo:g}")
+        if hi is not None:
+            out.append(f"{name}_above_{hi:g}")
+    out += [f"avpu_{a}" for a in _AVPU] + ["avpu_missing", "child_under_8", "floor_A", "floor_B", "floor_D_zone"]
+    return tuple(out)
+
+
+VITALS_NAMES = _names()
+
+
+def pain_score(text: str) -> float | None:
+    for pat in _NRS:
+        m = pat.search(text[:4000])
+        if m:
+            v = float(m.group(1))
+            return v if 0 <= v <= 10 else None
+    return None
+
+
+def vitals_block(text: str) -> np.ndarray:
+    v: Vitals = parse_vitals(text)
+    vals = {"age": v.age, "sbp": v.sbp, "dbp": v.dbp, "hr": v.hr, "rr": v.rr, "bt": v.bt, "spo2": v.spo2, "nrs": pain_score(text)}
+    out: list[float] = []
+    for name, normal, scale, lo, hi in _READINGS:
+        x = vals[name]
+        missing = x is None
+        x = normal if missing else float(x)
+        out += [(x - normal) / scale, float(missing)]
+        if lo is not None:
+            out.append(max(0.0, lo - x) / scale)
+        if hi is not None:
+            out.append(max(0.0, x - hi) / scale)
+    out += [float(v.avpu == a) for a in _AVPU] + [float(v.avpu is None), float(v.age is not None and v.age <= 8)]
+    floor_a = safety_floor(v, 5).level == 1
+    floor_b = not floor_a and safety_floor(v, 5).level == 2
+    hr_max, rr_max = danger_zone_limits(v.age)
+    zone = (v.hr is not None and v.hr > hr_max) or (v.rr is not None and v.rr > rr_max)
+    out += [float(floor_a), float(floor_b), float(zone)]
+    return np.asarray(out, dtype=np.float32)
+
+
+def site_features(pooled: np.ndarray, general_probs: np.ndarray, texts: list[str]) -> np.ndarray:
+    """One feature row per text (float32): see the module docstring for the layout."""
+    pooled = np.asarray(pooled, dtype=np.float32).reshape(len(texts), -1)
+    logp = np.log(np.clip(np.asarray(general_probs, dtype=np.float32).reshape(len(texts), 5), 1e-6, 1.0))
+    vit = np.stack([vitals_block(t) for t in texts]) if texts else np.zeros((0, len(VITALS_NAMES)), np.float32)
+    return np.concatenate([pooled, logp, vit], axis=1).astype(np.float32)
+
+
+def split_features(x: np.ndarray, hidden: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pooled, log P_general, vitals block) views of a feature matrix."""
+    return x[:, :hidden], x[:, hidden:hidden + 5], x[:, hidden + 5:]

@@ -43,7 +43,9 @@ def bad_text(v: Any, path: str = "", depth: int = 0) -> str | None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types as the schema says them (no true for an integer, no 1 for a
+    # boolean, no "0.5" for a number); unknown fields refused
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +155,8 @@ class _Generation(Strict):
     @field_validator("top_logprobs", mode="before")
     @classmethod
     def _no_top_logprobs(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("must be an integer")
         if v:
             raise ValueError("log probabilities are not supported by this service")
         return v
@@ -217,6 +221,8 @@ class ChatCompletionRequest(_Generation):
     @field_validator("logprobs", mode="before")
     @classmethod
     def _no_logprobs(cls, v):
+        if v is not None and not isinstance(v, bool):
+            raise ValueError("must be a boolean")
         if v:
             raise ValueError("log probabilities are not supported by this service")
         return v

@@ -31,7 +31,8 @@ router = APIRouter(prefix="/audit", tags=["auditors"])
 MAX_BUCKETS = 2000
 
 
-@router.get("/latency/series")
+@router.get("/latency/series", responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
+                                                "description": "the series as JSON, or CSV with format=csv"}})
 async def latency_series(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None,
                          bucket_s: float = Query(300.0, gt=0), format: Literal["json", "csv"] = "json"):
     now = time.time()

@@ -24,7 +24,9 @@ an `InstanceLost` error (the client sees an error event naming the instance and 
 tokens it got; the audit row says outcome `error` and names the instance). When every
 instance in rotation refuses with 503, the least urgent are shed: a request below the
 most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-urgent
-one keeps trying for up to `URGENT_WAIT_S`.
+one keeps trying for up to `URGENT_WAIT_S`. While no instance at all is in rotation, a
+request that has not started waits up to `NO_INSTANCE_WAIT_S` for one to rejoin, then
+fails with `InstancesUnavailable` naming every instance and why.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from triage.routing import make_router
 log = logging.getLogger(__name__)
 
 URGENT_WAIT_S = 30.0
+NO_INSTANCE_WAIT_S = 10.0   # a request not yet started waits this long for an instance to rejoin
 
 
 class VLLMClientError(ValueError):
@@ -261,6 +264,9 @@ class RemoteBackend:
             inst = self._pick(r, now)
             if inst is None:
                 up = [i for i in self.instances if i.available]
+                if not up and now - started_at < NO_INSTANCE_WAIT_S:   # one may rejoin (a slow /health)
+                    await asyncio.sleep(0.2)
+                    continue
                 if not up:
                     raise InstancesUnavailable(
                         "no engine instance is in rotation: " + "; ".join(f"{i.url}: {i.reason}" for i in self.instances))

@@ -108,7 +108,7 @@ def test_one_encoder_pass_serves_both_predictors(trained_home):
     pred = Predictor(trained_home / "predictors" / "urgency", trained_home / "predictors" / "length", runtime="torch")
     assert pred.shared_encoder
     texts = [r["text"] for r in load_corpus("test")[:40]] + list(EDGE_TEXTS.values())
-    up, lp = pred.urgency.all_probs(texts)
+    up, lp = pred.urgency.all_probs(texts)[:2]  # the third head is the pooled vector (predictors.embedding)
     assert np.allclose(up, pred.urgency.probs(texts), atol=1e-5)
     assert np.allclose(lp, pred.length.probs(texts), atol=1e-5)
 
@@ -160,13 +160,15 @@ def test_onnx_runtime_gives_pytorchs_predictions(trained_home, tmp_path):
     texts = [r["text"] for r in load_corpus("test")] + list(EDGE_TEXTS.values())
     onnx = Predictor(*dirs, runtime="auto")
     assert onnx.urgency.runtime == "onnx" and onnx.shared_encoder
-    assert [p.name for p in (tmp_path / "urgency").glob("*.onnx")] == ["onnx-urgency+length.onnx"]
+    # one graph: the encoder, both heads and the pooled vector site adapters read (predictors.embedding)
+    assert [p.name for p in (tmp_path / "urgency").glob("*.onnx")] == ["onnx-urgency+length+pooled.onnx"]
     assert not list((tmp_path / "length").glob("*.onnx"))  # the length head rides on the urgency pass
     torch_ = Predictor(*dirs, runtime="torch")
     for a, b in zip(onnx.predict(texts), torch_.predict(texts)):
         assert a.level == b.level and a.length_bucket == b.length_bucket
         assert np.allclose(a.probs, b.probs, atol=1e-4)
-    export = tmp_path / "urgency" / "onnx-urgency+length.onnx"
+        assert np.allclose(a.features, b.features, atol=1e-3)
+    export = tmp_path / "urgency" / "onnx-urgency+length+pooled.onnx"
     made = export.stat().st_mtime_ns
     Predictor(*dirs, runtime="onnx")
     assert export.stat().st_mtime_ns == made  # reused

@@ -221,7 +221,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def run_load(streams: int, backend: str, *, workdir: Path, port: int, model: str, max_tokens: int = 64,
              ramp_s: float = 0.0, keys: int = 10, timeout_s: float = 900.0, sim_speed: float = 1.0,
-             on_done: Callable[[Stream], None] | None = None, env: dict | None = None) -> tuple[dict, dict]:
+             on_done: Callable[[Stream], None] | None = None, env: dict | None = None,
+             ready_timeout_s: float = 600.0) -> tuple[dict, dict]:
     """Returns (the issue's summary, details). The client's send time is taken when the
     request body is on the wire (httpcore trace), so a busy load generator's own queueing
     before the send is not charged to the server."""
@@ -234,7 +235,7 @@ def run_load(streams: int, backend: str, *, workdir: Path, port: int, model: str
     workdir.mkdir(parents=True, exist_ok=True)
     db_url = f"sqlite:///{workdir / 'triage' / 'audit.db'}"
     with start_system("triage", EngineSizes(), port=port, workdir=workdir / "triage", model=model,
-                      triage_env=triage_env) as srv:
+                      triage_env=triage_env, timeout_s=ready_timeout_s) as srv:
         m = ADMIN_LINE.search(srv.log.read_text(errors="replace"))
         if not m:
             raise RuntimeError("the server did not print its first admin key")

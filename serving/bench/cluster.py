@@ -254,11 +254,12 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
 
 def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,
                 progress: Callable[[str, int], contextlib.AbstractContextManager] | None = None,
-                echo: Callable[[str], None] = lambda s: None) -> tuple[dict, dict]:
+                echo: Callable[[str], None] = lambda s: None, into: dict | None = None) -> tuple[dict, dict]:
     """Every router in turn (ours first, then the stock baseline); instances are started
-    once per kind and a killed one is restarted before the next router."""
+    once per kind and a killed one is restarted before the next router. `into` receives
+    each router's report as it completes (kept when a later router fails)."""
     order = [r for r in routers if r != BASELINE] + [r for r in routers if r == BASELINE]
-    out: dict = {}
+    out: dict = into if into is not None else {}
     raw: dict = {}
     insts: list[Server] = []
     kind: str | None = None

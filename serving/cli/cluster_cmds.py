@@ -128,11 +128,14 @@ def bench_cluster(
            "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
            "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
            "bind": bind, "nice": nice, "eager": eager}
+    out["routers"] = {}
     try:
-        out["routers"], raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
-                                          echo=lambda s: typer.echo(s, err=True))
+        _, raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
+                             echo=lambda s: typer.echo(s, err=True), into=out["routers"])
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
+        out["error"], out["workdir"] = str(e).splitlines()[0], str(tmp)   # the routers that completed are kept
+        typer.echo(json.dumps(out))
         raise typer.Exit(1)
     out["workdir"] = str(tmp)
     if plot:

@@ -56,6 +56,7 @@ def test_evaluate_corpus_test_json(home_env):
     (rep,) = _json_lines(r.stdout)
     assert {"n", "accuracy", "macro_f1", "under_triage_1_2", "level1_recall", "confusion"} <= set(rep)
     assert rep["n"] == sum(map(sum, rep["confusion"])) > 300
+    assert 0 <= rep["ece"] < 0.5 and 0 <= rep["ece_uncalibrated"] < 0.5  # calibration of the urgency probabilities
 
 
 def test_evaluate_length_json(home_env):

@@ -227,7 +227,30 @@ def test_level_order_runs_every_decode_and_caps_the_step():
     assert all(tight.tokens.get(f"d{i}") == 1 for i in range(4)), "the cap never drops a running decode"
 
 
-@pytest.mark.parametrize("kw", [dict(order="x"), dict(max_step_s=0), dict(max_preemptions=-1), dict(evict_for="x")])
+def test_deadline_eviction_displaces_only_when_the_natural_seat_is_too_late():
+    """evict_for="deadline": a level-3 arrival waits for a seat that frees by itself in time
+    (no recompute), displaces a level-5 request that would hold the seat past its
+    first-token deadline; a level-1 arrival always displaces."""
+    kw = dict(order="level", evict_for="deadline")
+    st = make_state(max_seqs=1)
+    make_running(st, level=5, rid="ending", output=7)        # 2 tokens left: the seat frees in ~2 steps
+    make_request(st, level=3, prompt=50, arrival=0.9, rid="three")
+    p = plan("triage", st, **kw)
+    assert not p.preemptions and "three" not in p.tokens
+    assert [x.request_id for x in plan("triage", st, evict_for="level", order="level").preemptions] == ["ending"]
+    make_request(st, level=1, prompt=50, arrival=0.95, rid="crit")
+    p = plan("triage", st, **kw)
+    assert [x.request_id for x in p.preemptions] == ["ending"] and "crit" in p.tokens
+
+    st = make_state(max_seqs=1)
+    make_running(st, level=5, rid="long", output=2000)       # holds the seat far past level 3's 4 s
+    make_request(st, level=3, prompt=50, arrival=0.9, rid="three")
+    p = plan("triage", st, **kw)
+    assert [x.request_id for x in p.preemptions] == ["long"] and "three" in p.tokens
+
+
+@pytest.mark.parametrize("kw", [dict(order="x"), dict(max_step_s=0), dict(max_preemptions=-1), dict(evict_for="x"),
+                                dict(evict_for="deadline", order="slide")])
 def test_triage_refuses_bad_parameters(kw):
     with pytest.raises(ValueError):
         make_policy("triage", **kw)

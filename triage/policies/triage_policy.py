@@ -29,7 +29,15 @@ docs/preemption.md): strict urgency with decode-first batching:
        waiting request, most urgent first, whose first chunk fits this step's time but
        lacks a seat or blocks preempts the most evictable running request of a strictly
        less urgent level (least urgent, longest remaining, latest arrival), never one
-       already preempted `max_preemptions` times (nothing starves in a loop);
+       already preempted `max_preemptions` times (nothing starves in a loop).
+       evict_for="level": every such request displaces. evict_for="deadline" (the live
+       default): a protected request always displaces; any other only when the seat that
+       will free by itself comes too late for its first-token deadline: the k-th waiting
+       request in batch order gets the k-th running request to finish (remaining tokens x
+       a step of the running decodes), and it displaces when its time to deadline is
+       below `safety` times that wait. A recompute costs the victim's whole prompt and output again, so a
+       displacement that no SLO needs is throughput lost for everyone (measured:
+       docs/preemption.md, trace replay);
     2. batch: protected requests; every running decode (cheap, keeps the seats
        productive); then the rest by level, a preempted request first within its level,
        then remain.
@@ -62,9 +70,13 @@ class Triage(SlideBatching):
         self.stage_aware = stage_aware
         self.evict = evict
         self.smooth = smooth
-        if evict_for not in ("urgent", "protected", "level"):
-            raise ValueError("evict_for must be 'urgent', 'protected' or 'level'")
-        self.evict_for = evict_for  # which waiting requests may evict: protected+URGENT, protected only, any
+        if evict_for not in ("urgent", "protected", "level", "deadline"):
+            raise ValueError("evict_for must be 'urgent', 'protected', 'level' or 'deadline'")
+        if evict_for == "deadline" and order != "level":
+            raise ValueError("evict_for='deadline' needs order='level'")
+        # which waiting requests may evict: protected+URGENT, protected only, any more urgent,
+        # or protected + those whose first-token deadline a natural seat would miss
+        self.evict_for = evict_for
         if order not in ("slide", "level"):
             raise ValueError("order must be 'slide' (SlideBatching's URGENT/NORMAL) or 'level'")
         self.order = order
@@ -167,7 +179,8 @@ class Triage(SlideBatching):
         order = np.lexsort((q.seq, q.remain, ~resumed, q.level, group))
         b = BatchBuilder(view, time_budget=t_budget)
         if self.evict and n > n_run:
-            self._evict_for_waiting(view, q, b, order.tolist(), t_budget - q.t_c - float(q.exec[decode].sum()))
+            decode_step = q.t_c + float(q.exec[decode].sum())
+            self._evict_for_waiting(view, q, b, order.tolist(), t_budget - decode_step, decode_step)
         kv_victims: list | None = None
         for i in order.tolist():
             if b.full:
@@ -188,28 +201,40 @@ class Triage(SlideBatching):
         return b.build()
 
     def _evict_for_waiting(self, view: SchedulerView, q: QueueMetrics, b: BatchBuilder, order: list,
-                           prefill_time: float) -> None:
+                           prefill_time: float, decode_step: float) -> None:
         """Seat and KV eviction for the waiting requests that will run this step: in batch
         order, while their first chunks fit the step's prefill time, each one lacking a
-        seat or blocks preempts strictly less urgent running requests (only protected
-        requests may, unless evict_for="level")."""
+        seat or blocks preempts strictly less urgent running requests (which ones may:
+        `evict_for`, see the module docstring; `decode_step` is the time of a step of the
+        running decodes, the pace at which running requests end by themselves)."""
         victims: list | None = None
         keep = lambda v: keep_tokens_for(view, v)  # noqa: E731
         less_urgent = lambda r, v: v.level > r.level  # noqa: E731
         est, tokens_left = view.estimator, b.tokens_left
         held_seats = held_blocks = 0
+        ahead, free0, natural = 0, b.seats_left, None  # waiting requests ahead; seats free now; natural release times
         for i in order:
             if i < q.n_run:
                 continue
             r = q.reqs[i]
-            if self.evict_for != "level" and r.level > self.protect_level:
+            if self.evict_for in ("protected", "urgent") and r.level > self.protect_level:
                 break
             chunk = min(r.need, tokens_left)
             prefill_time -= est.request_time(chunk, r.computed)
             if chunk <= 0 or (prefill_time < 0 and held_seats and r.level > self.protect_level):
                 break  # it would get no tokens this step: evicting for it now wastes work
             tokens_left -= chunk
+            ahead += 1
             if b.seats_left <= 0 or b.blocks_short(r) > 0:
+                if self.evict_for == "deadline" and r.level > self.protect_level:
+                    if natural is None:  # when each running request will end by itself, soonest first
+                        natural = np.sort(np.maximum(q._cat.running("rem_out"), 1) * decode_step)
+                    k = ahead - 1 - max(free0, 0)
+                    wait = float(natural[k]) if 0 <= k < len(natural) else float("inf")
+                    if q.remain[i] >= self.safety * wait:  # the seat that frees by itself is soon enough
+                        tokens_left += chunk
+                        prefill_time += est.request_time(chunk, r.computed)
+                        continue
                 victims = victims if victims is not None else self._eviction_order(view, q)
                 if not b.make_room(r, victims, outranks=less_urgent, keep=keep):
                     break  # nothing less urgent left to evict, and later requests are no more urgent

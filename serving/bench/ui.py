@@ -47,6 +47,7 @@ def chrome(width: int = 1280, height: int = 720):
     os.environ.setdefault("SE_OFFLINE", "true")   # never let Selenium Manager fetch anything
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
+    opts.page_load_strategy = "eager"   # the queue page keeps an event stream open; wait for the DOM only
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--hide-scrollbars",
               "--force-device-scale-factor=1", f"--window-size={width},{height}"):
         opts.add_argument(a)
@@ -189,7 +190,7 @@ def sample_texts(n: int, seed: int = 0) -> list[str]:
     rnd = random.Random(seed)
     by: dict[int, list] = {}
     for t in pool:
-        by.setdefault(t.level, []).append(t.text)
+        by.setdefault(t.gold, []).append(t.text)
     out = []
     levels = sorted(by)
     while len(out) < n:
@@ -253,10 +254,12 @@ def run_ui_bench(out_dir: Path, *, workdir: Path, predictors_dir: Path | None = 
                     k["ttft"] = round(k["ttft"] * 0.8, 3)
             c.put("/admin/classes", headers=op, json={"classes": cls["classes"], "reason": "tighter level-3 first token for the night shift"})
             c.get("/audit/verify", headers={"Authorization": f"Bearer {keys['auditor']}"})
-        driver = chrome(width, height)
         pages, axe_out = {}, {}
         for name, role in SHOTS:
             page = name.split("-")[0]
+            if driver is not None:   # a fresh browser per page: no stream or session carries over
+                driver.quit()
+            driver = chrome(width, height)
             sign_in(driver, url, keys[role], page)
             driver.get(f"{url}/ui/{page}")
             _ready(driver, page, By)

@@ -12,7 +12,7 @@ const COLS = [["Level"], ["Request"], ["Message"], ["Age", "num"], ["Predicted �
 export async function render(root) {
   const me = state.me;
   const cols = COLS.filter(([c]) => (c !== "Message" || me.text) && (c !== "Action" || me.can_edit));
-  root.append(
+  root.append(...[
     el("p", {class: "note", id: "qsum", "aria-live": "off"}, "connecting…"),
     el("div", {class: "bar"},
       el("button", {id: "pause", type: "button", "aria-pressed": "false", onclick: togglePause}, "Pause updates")),
@@ -22,12 +22,13 @@ export async function render(root) {
     el("h2", {id: "h-running"}, "Running"),
     scroll("Running requests", table("Running requests by level", cols, {id: "running"})),
     relabelDialog(),
-  );
+  ].filter(Boolean));
   connect();
 }
 
 function connect() {
   source = new EventSource("/ui/api/queue/stream");
+  addEventListener("pagehide", () => source.close());   // free the connection before the next page loads
   source.onmessage = (ev) => { view = JSON.parse(ev.data); if (!paused) draw(); };
   source.onerror = () => { document.getElementById("qsum").textContent = "connection lost; retrying…"; };
 }
@@ -76,9 +77,10 @@ function fill(id, rows) {
 function probs(p) {
   if (!p || !p.length) return el("span", {class: "muted", text: "–"});
   const top = p.indexOf(Math.max(...p));
-  return el("span", {class: "probs", "aria-label": p.map((x, i) => `level ${i + 1} ${(100 * x).toFixed(0)} percent`).join(", ")},
-    p.map((x, i) => el("span", {"aria-hidden": "true"}, i === top ? el("b", {}, `${i + 1}:${(100 * x).toFixed(0)}%`)
-                                                             : `${i + 1}:${(100 * x).toFixed(0)}%`)));
+  return el("span", {},
+    el("span", {class: "probs", "aria-hidden": "true"},
+      p.map((x, i) => el("span", {}, i === top ? el("b", {}, `${i + 1}:${(100 * x).toFixed(0)}%`) : `${i + 1}:${(100 * x).toFixed(0)}%`))),
+    el("span", {class: "sr-only"}, p.map((x, i) => `level ${i + 1} ${(100 * x).toFixed(0)} percent`).join(", ")));
 }
 
 function rowFor(r) {

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from serving.cli.sim_cmds import DEFAULT_TRACE
+
 from serving.cli.apps import bench_app
 
 
@@ -18,7 +20,7 @@ def bench_serve(
     spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
     reps: Annotated[int, typer.Option(help="repetitions per system")] = 1,
     texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
-    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[str, typer.Option(help="trace scenario: arrival-rate multiplier, or auto")] = "auto",
     systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority")] = "triage,vllm-fcfs,vllm-priority",
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call (temperature 0)")] = 64,

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from serving.cli.sim_cmds import DEFAULT_TRACE
+
 from serving.cli.apps import app
 
 
@@ -59,7 +61,7 @@ def bench_cluster(
     scenario: Annotated[str, typer.Option(help="trace (a trace's arrivals) or burst (N calls within --spread s)")] = "trace",
     spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
     texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
-    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[str, typer.Option(help="trace: arrival-rate multiplier, or auto (bench serve's, x instances)")] = "auto",
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call")] = 64,
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 128,

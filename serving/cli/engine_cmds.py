@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from serving.cli.sim_cmds import DEFAULT_TRACE
+
 from serving.cli.apps import models_app
 
 
@@ -116,7 +118,7 @@ def profile_show(
 # ------------------------------------------------------------------ bench peers
 @bench_app.command("peers")
 def bench_peers(
-    trace: Annotated[Path, typer.Option(help="Trace file")] = Path("../shared/datasets/azure_llm_2023_conv.csv.gz"),
+    trace: Annotated[Path, typer.Option(help="Trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier")] = 1.0,
     profile: Annotated[str, typer.Option(help="Latency profile in data/profiles")] = "vllm-cpu-smollm2",
     limit: Annotated[Optional[int], typer.Option(help="First N requests")] = None,

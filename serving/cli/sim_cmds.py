@@ -10,8 +10,9 @@ import typer
 
 from serving.cli.apps import app, bench_app
 from serving.cli.progress import progress_bar
+from triage.paths import shared_datasets_dir
 
-DEFAULT_TRACE = "../shared/datasets/azure_llm_2023_conv.csv.gz"
+DEFAULT_TRACE = str(shared_datasets_dir() / "azure_llm_2023_conv.csv.gz")  # beside the checkout, wherever the command runs
 
 
 def _parse_params(params: list[str]) -> dict:

@@ -15,6 +15,7 @@ from serving.bench.serve import burst_calls, trace_calls
 from serving.bench.systems import port_free
 from serving.bench.texts import PoolError, Text, load_chat, load_pool
 from triage.classes import load_classes
+from triage.paths import shared_datasets_dir
 
 POOL = [Text(f"dispatch text {i}", 1 + i % 5) for i in range(50)]
 CLI = [sys.executable, "-m", "serving.cli", "bench", "serve"]
@@ -30,11 +31,14 @@ def test_burst_is_seeded_mixed_and_within_its_spread():
     assert all(c.gold == 5 for c in a if c.kind == "chat")
 
 
+TRACE = str(shared_datasets_dir() / "azure_llm_2023_conv.csv.gz")
+
+
 def test_trace_calls_replay_arrivals_with_capped_outputs_and_ignore_eos():
-    calls = trace_calls("../shared/datasets/azure_llm_2023_conv.csv.gz", POOL, 30, 0.1, max_tokens_cap=100)
+    calls = trace_calls(TRACE, POOL, 30, 0.1, max_tokens_cap=100)
     assert len(calls) == 30 and calls[0].at == 0.0
     assert all(c.ignore_eos and 1 <= c.max_tokens <= 100 for c in calls)
-    fast = trace_calls("../shared/datasets/azure_llm_2023_conv.csv.gz", POOL, 30, 0.2, max_tokens_cap=100)
+    fast = trace_calls(TRACE, POOL, 30, 0.2, max_tokens_cap=100)
     assert fast[-1].at == pytest.approx(calls[-1].at / 2)
 
 

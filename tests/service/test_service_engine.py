@@ -249,3 +249,26 @@ def test_audit_report_one_row_per_request_and_verify(srv):
             c.execute(text("UPDATE requests SET output_tokens = :n WHERE id = :i"), {"n": old, "i": rid})
         eng.dispose()
     assert a.get("/audit/verify").json()["ok"] is True
+
+
+def test_generation_defaults_and_vllm_extensions_reach_the_engine(srv):
+    """The model's generation_config defaults (model card: temperature 0.2, top_p 0.9) are
+    what the API fills in; vLLM's extensions act in the real engine (ignore_eos and
+    min_tokens on the length, logit_bias on the tokens); a per-request seed is served (on
+    vLLM-CPU the engine's global seed applies); a token id outside the vocabulary is a 400."""
+    backend = srv.app_obj.state.backend
+    assert backend.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}
+    c = httpx.Client(base_url=srv.url, headers=_h(srv, "client"), timeout=120)
+    msg = [{"role": "user", "content": "Say hello."}]
+    r = c.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 6, "ignore_eos": True, "min_tokens": 6,
+                                             "seed": 7, "top_k": 20, "repetition_penalty": 1.05})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 6 and r.json()["choices"][0]["finish_reason"] == "length"
+    tok = backend.engine.tokenizer
+    paris = tok.encode(" Paris", add_special_tokens=False)[0]
+    r = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True,
+                                        "logit_bias": {str(paris): 100}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == tok.decode([paris] * 4), r.json()
+    r = c.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 4, "stop_token_ids": [backend.vocab_size]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text

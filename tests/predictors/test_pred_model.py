@@ -37,7 +37,7 @@ def test_long_text_is_truncated_not_rejected(predictor):
     assert enc["input_ids"].shape[1] == predictor.urgency.meta.max_length
 
 
-@pytest.mark.parametrize("runtime,atol", [("onnx", 1e-4), ("torch", 1e-4), ("torch-bf16", 1e-2)])
+@pytest.mark.parametrize("runtime,atol", [("onnx", 1e-4), ("torch", 1e-4), ("torch-bf16", 3e-2)])
 def test_batch_equals_single_and_is_deterministic(trained_home, runtime, atol):
     """A request's prediction does not depend on what it was batched with (up to float
     rounding: bf16 sums in a different order for a different batch shape)."""

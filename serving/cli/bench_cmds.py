@@ -33,11 +33,9 @@ def bench_serve(
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
-    from serving.bench.serve import burst_calls, run_system, slo_scale, trace_calls, with_predictions
+    from serving.bench.serve import run_system, slo_scale, with_predictions
     from serving.bench.systems import SYSTEMS, BenchError, EngineSizes
-    from serving.bench.texts import PoolError, load_chat, load_pool
     from serving.cli.progress import progress_bar
-    from serving.model_prep import default_model_dir
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
     bad = [s for s in names if s not in SYSTEMS]
@@ -47,23 +45,8 @@ def bench_serve(
         raise typer.BadParameter("scenario must be burst or trace", param_hint="--scenario")
     if requests < 1 or reps < 1 or spread < 0:
         raise typer.BadParameter("--requests and --reps must be >= 1, --spread >= 0")
-    model = default_model_dir()
-    if not (model / "config.json").exists():
-        typer.echo("error: the served model is not prepared: run `triage models prepare`", err=True)
-        raise typer.Exit(2)
-    try:
-        pool = load_pool(texts)
-        if scenario == "burst":
-            calls = burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens)
-            scale = None
-        else:
-            if not trace.exists():
-                raise PoolError(f"trace {trace} not found")
-            scale = _rate_scale(rate_scale, trace, requests, seed)
-            calls = trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap)
-    except (PoolError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+    model = served_model_or_exit()
+    calls, scale = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale, max_tokens_cap, seed)
     calls = with_predictions(calls)
     out = {"scenario": scenario, "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(), "texts": texts,
@@ -91,6 +74,39 @@ def bench_serve(
     if plot:
         _plot(out, raw, plot)
     typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
+
+
+def served_model_or_exit() -> Path:
+    """The prepared served model's directory, or a clear error and exit 2."""
+    from serving.model_prep import default_model_dir
+
+    model = default_model_dir()
+    if not (model / "config.json").exists():
+        typer.echo("error: the served model is not prepared: run `triage models prepare`", err=True)
+        raise typer.Exit(2)
+    return model
+
+
+def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_tokens: int, trace: Path,
+                   rate_scale: str, max_tokens_cap: int, seed: int, load_factor: float = 1.0):
+    """The calls of a burst or a trace replay (and the trace's rate scale; `load_factor`
+    multiplies an `auto` scale, e.g. by the number of instances); bad input exits 2."""
+    from serving.bench.serve import burst_calls, trace_calls
+    from serving.bench.texts import PoolError, load_chat, load_pool
+
+    try:
+        pool = load_pool(texts)
+        if scenario == "burst":
+            return burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens), None
+        if not trace.exists():
+            raise PoolError(f"trace {trace} not found")
+        scale = _rate_scale(rate_scale, trace, requests, seed)
+        if rate_scale == "auto":
+            scale *= load_factor
+        return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale
+    except (PoolError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 def _rate_scale(value: str, trace: Path, n: int, seed: int) -> float:

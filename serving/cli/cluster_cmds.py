@@ -83,12 +83,10 @@ def bench_cluster(
     import tempfile
 
     from serving.bench.cluster import BASELINE, ROUTER_NAMES, ClusterPlan, plot as plot_png, run_cluster
-    from serving.bench.serve import _classes, burst_calls, slo_scale, trace_calls, with_predictions
+    from serving.bench.serve import _classes, slo_scale, with_predictions
     from serving.bench.systems import BenchError, EngineSizes
-    from serving.bench.texts import PoolError, load_chat, load_pool
-    from serving.cli.bench_cmds import _rate_scale
+    from serving.cli.bench_cmds import scenario_calls, served_model_or_exit
     from serving.cli.progress import progress_bar
-    from serving.model_prep import default_model_dir
 
     names = [r.strip() for r in routers.split(",") if r.strip()]
     bad = [r for r in names if r not in ROUTER_NAMES]
@@ -100,25 +98,9 @@ def bench_cluster(
         raise typer.BadParameter("--instances, --requests and --max-num-seqs must be >= 1, --spread >= 0")
     if kill_instance_at is not None and (kill_instance_at <= 0 or instances < 2):
         raise typer.BadParameter("--kill-instance-at needs a time > 0 and at least 2 instances")
-    model = default_model_dir()
-    if not (model / "config.json").exists():
-        typer.echo("error: the served model is not prepared: run `triage models prepare`", err=True)
-        raise typer.Exit(2)
-    try:
-        pool = load_pool(texts)
-        if scenario == "burst":
-            calls = burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens)
-            scale = None
-        else:
-            if not trace.exists():
-                raise PoolError(f"trace {trace} not found")
-            scale = _rate_scale(rate_scale, trace, requests, seed)
-            if rate_scale == "auto":
-                scale *= instances
-            calls = trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap)
-    except (PoolError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+    model = served_model_or_exit()
+    calls, scale = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale, max_tokens_cap, seed,
+                                  load_factor=instances)
     if BASELINE in names:
         calls = with_predictions(calls)
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))

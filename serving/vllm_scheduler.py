@@ -343,6 +343,8 @@ class TriageScheduler(Scheduler):
                     waiting.prepend_request(r)
         self._after_schedule(out, plan, victims, repaired, now)
         dt = time.perf_counter() - t0
+        if self._step_log is not None:
+            self._write_step(now, plan, out.num_scheduled_tokens, sorted(out.preempted_req_ids), dt)
         self.tstats.last_plan_s = dt
         self.tstats.plan_overhead_s_max = max(self.tstats.plan_overhead_s_max, dt)
         self._t_sched_end = self.clock()
@@ -411,15 +413,14 @@ class TriageScheduler(Scheduler):
         if self.step_log.maxlen:
             self.step_log.append(StepRecord(self.tstats.steps, now, dict(plan.tokens), dict(scheduled), ours,
                                             preempted, repaired))
-        if self._step_log is not None:
-            self._write_step(now, plan, scheduled, preempted)
         if self.kv_cache_manager.block_pool.get_num_free_blocks() != st.kv.free_blocks and \
                 not self.cache_config.enable_prefix_caching:
             self.tstats.kv_mismatches += 1
 
-    def _write_step(self, now: float, plan: BatchPlan, scheduled: dict, preempted: list[str]) -> None:
+    def _write_step(self, now: float, plan: BatchPlan, scheduled: dict, preempted: list[str], sched_s: float) -> None:
         """One JSON line per step (setting `step_log`): what ran (client id, level, tokens,
-        prefill or decode), what was preempted, why and for whom. No prompt text."""
+        prefill or decode), what was preempted, why and for whom, and the CPU time the
+        step's scheduling took (our plan and vLLM's schedule). No prompt text."""
         st, cid = self.tstate, lambda rid: self._client_id.get(rid, rid)  # noqa: E731
         level = lambda rid: st.requests[rid].level if rid in st.requests else None  # noqa: E731
         why = {p.request_id: p for p in plan.preemptions}
@@ -433,7 +434,8 @@ class TriageScheduler(Scheduler):
                         "for_level": level(p.for_request) if p and p.for_request else None,
                         "mode": p.mode if p else "recompute"})
         rec = {"step": self.tstats.steps, "t": round(now, 4), "budget_s": plan.budget_s,
-               "predicted_s": round(plan.predicted_s, 4), "stop": plan.stop, "running": len(self.running),
+               "predicted_s": round(plan.predicted_s, 4), "sched_ms": round(1000 * sched_s, 2), "stop": plan.stop,
+               "running": len(self.running),
                "waiting": len(self.waiting), "ran": ran, "preempted": pre}
         self._step_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
 

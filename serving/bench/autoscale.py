@@ -1,32 +1,96 @@
 """`--rate-scale auto`: the load at which stock FCFS's ESI-1 SLO attainment first falls
 below 0.8, found in the simulator (a simulation result, said so in the report): vLLM's
-fcfs policy on the measured vllm-cpu profile, the trace's arrivals, prompts of a typical
-dispatch text and the trace's outputs clipped as the HTTP run clips them.
+fcfs policy on the measured vllm-cpu profile at the benchmark's engine sizes, the
+trace's arrivals, prompts of a typical dispatch text and the trace's outputs clipped as
+the HTTP run clips them.
+
+The profile was measured on some day's machine; a VM's speed differs from day to day
+(1.7x seen here). So `calibrate` first times one burst of the trace's own kind of call
+on the live stock vLLM engine and the simulator times the same burst: their ratio
+(`speed`, > 1 when today's machine is slower) scales the simulator's step times before
+the search. Without it, auto picked a load where every system met every SLO live.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-GRID = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-PROMPT_TOKENS = 120   # a dispatch text in SmolLM2's chat template, typical
+import numpy as np
+
+PROMPT_TOKENS = 120      # a dispatch text in SmolLM2's chat template, typical
+CALIBRATION_CALLS = 32   # one call per seat, all at once: a full decode batch
+CALIBRATION_TOKENS = 64  # each call's output (ignore_eos): ~2,000 tokens, ~15 s on 2 cores
+# rate scales tried, lightest first: 12 % apart, so the load found is within 12 % of the knee
+GRID = tuple(float(x) for x in np.round(np.geomspace(0.005, 2.0, 54), 4))
 
 
-def auto_rate_scale(trace: str, n: int, *, seed: int = 0, max_tokens_cap: int = 256, target: float = 0.8) -> float:
+def _profile(max_num_seqs: int, max_num_batched_tokens: int):
+    from triage.profiles import load_profile
+    from triage.sim.simulator import with_limits
+
+    return with_limits(load_profile("vllm-cpu-smollm2"), max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens)
+
+
+def calibration_calls(calls: list) -> list:
+    """The first CALIBRATION_CALLS calls of a run, all at t=0, CALIBRATION_TOKENS each."""
+    return [replace(c, idx=k, at=0.0, max_tokens=CALIBRATION_TOKENS, ignore_eos=True)
+            for k, c in enumerate(calls[:CALIBRATION_CALLS])]
+
+
+def simulated_wall(calls: list, prompt_tokens: list[int], *, max_num_seqs: int, max_num_batched_tokens: int,
+                   seed: int = 0) -> float:
+    """Seconds from first arrival to last finish of `calls` under stock fcfs in the simulator."""
     from triage.classes import load_classes
     from triage.policies import make_policy
-    from triage.profiles import load_profile
+    from triage.sim.simulator import simulate
+    from triage.sim.traces import TraceRequest
+
+    prof = _profile(max_num_seqs, max_num_batched_tokens)
+    rows = [TraceRequest(c.at, n, c.max_tokens, c.gold, max_tokens=c.max_tokens) for c, n in zip(calls, prompt_tokens)]
+    res = simulate(rows, make_policy("fcfs"), prof, load_classes().scaled(prof.slo_scale), seed=seed)
+    return max(r.finish_time for r in res.requests) - min(r.arrival for r in res.requests)
+
+
+def auto_rate_scale(trace: str, n: int, *, seed: int = 0, max_tokens_cap: int = 256, target: float = 0.8,
+                    speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float:
+    """The lightest scale of GRID at which simulated fcfs keeps ESI-1 below `target`;
+    `speed` multiplies every simulated step time (today's machine against the profile's)."""
+    from triage.classes import load_classes
+    from triage.policies import make_policy
     from triage.sim.cluster import simulate_cluster
     from triage.sim.metrics import summarize
     from triage.sim.traces import load_trace
 
-    prof = load_profile("vllm-cpu-smollm2")
+    if speed <= 0:
+        raise ValueError("speed must be > 0")
+    prof = _profile(max_num_seqs, max_num_batched_tokens)
     classes = load_classes().scaled(prof.slo_scale)
-    for scale in GRID:
+
+    def below(scale: float) -> bool:
         reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, max_tokens_cap)))
                 for t in load_trace(trace, limit=n, rate_scale=scale, seed=seed)]
-        res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes, seed=seed)
+        res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes, seed=seed, bias=speed)
         one = summarize(res.requests, classes, "fcfs")["per_class"].get("1")
-        if one and one["slo_attainment"] < target:
-            return scale
-    raise ValueError(f"even at rate scale {GRID[-1]} stock fcfs keeps ESI-1 SLO attainment >= {target} "
-                     "in the simulator: pass --rate-scale")
+        return bool(one) and one["slo_attainment"] < target
+
+    if not below(GRID[-1]):
+        raise ValueError(f"even at rate scale {GRID[-1]} stock fcfs keeps ESI-1 SLO attainment >= {target} "
+                         "in the simulator: pass --rate-scale")
+    lo, hi = -1, len(GRID) - 1   # bisection (attainment falls with load): GRID[hi] is below target
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if below(GRID[mid]) else (mid, hi)
+    return GRID[hi]
+
+
+def measure_speed(calls: list, wall_live_s: float, *, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
+                  seed: int = 0) -> dict:
+    """Today's machine against the profile: the live wall time of `calls` (the
+    calibration burst, measured on stock vLLM fcfs) over the simulator's."""
+    from serving.cli.sim_inputs import prompt_token_counter
+
+    count = prompt_token_counter()
+    sim = simulated_wall(calls, [count(c.text) for c in calls], max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, seed=seed)
+    return {"speed": round(wall_live_s / sim, 3), "calibration_wall_s": round(wall_live_s, 2),
+            "simulated_wall_s": round(sim, 2), "calls": len(calls), "tokens_each": CALIBRATION_TOKENS}

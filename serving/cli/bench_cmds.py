@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -46,13 +46,18 @@ def bench_serve(
     if requests < 1 or reps < 1 or spread < 0:
         raise typer.BadParameter("--requests and --reps must be >= 1, --spread >= 0")
     model = served_model_or_exit()
-    calls, scale = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale, max_tokens_cap, seed)
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-bench-"))
+    try:
+        calls, scale, auto = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale,
+                                            max_tokens_cap, seed, calibrate=live_calibration(port, tmp, model))
+    except BenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
     calls = with_predictions(calls)
     out = {"scenario": scenario, "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
-           "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(), "texts": texts,
-           "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
+           "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
+           "texts": texts, "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
     raw: dict = {}
-    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-bench-"))
     try:
         for name in names:
             with progress_bar(f"{name}", len(calls) * reps) as advance:
@@ -87,40 +92,69 @@ def served_model_or_exit() -> Path:
     return model
 
 
+def live_calibration(port: int, workdir: Path, model: Path) -> Callable[[list], float]:
+    """`calibrate` for scenario_calls: the calls' wall seconds on stock vLLM fcfs, started
+    with the benchmark's engine sizes on the benchmark's port (then stopped)."""
+    def run(calls: list) -> float:
+        from serving.bench.serve import run_system
+        from serving.bench.systems import BenchError, EngineSizes
+
+        typer.echo(f"rate scale auto: timing {len(calls)} calls on stock vLLM fcfs (today's machine speed)", err=True)
+        out, _ = run_system("vllm-fcfs", calls, 1, EngineSizes(), port=port, workdir=workdir / "calibration",
+                            model=str(model))
+        if out["errors"] or not out["completed"]:
+            raise BenchError(f"the calibration burst failed ({out['errors']} errors): see {workdir / 'calibration'}")
+        return float(out["wall_s"])
+
+    return run
+
+
 def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_tokens: int, trace: Path,
-                   rate_scale: str, max_tokens_cap: int, seed: int, load_factor: float = 1.0):
-    """The calls of a burst or a trace replay (and the trace's rate scale; `load_factor`
-    multiplies an `auto` scale, e.g. by the number of instances); bad input exits 2."""
+                   rate_scale: str, max_tokens_cap: int, seed: int, load_factor: float = 1.0,
+                   calibrate: Optional[Callable[[list], float]] = None):
+    """The calls of a burst or a trace replay, the trace's rate scale and, for `auto`, how
+    it was found. `load_factor` multiplies an `auto` scale (e.g. by the number of
+    instances); `calibrate(calls)` runs calls on the live engine and returns their wall
+    seconds, so the simulator's search runs at today's machine speed. Bad input exits 2."""
     from serving.bench.serve import burst_calls, trace_calls
     from serving.bench.texts import PoolError, load_chat, load_pool
 
     try:
         pool = load_pool(texts)
         if scenario == "burst":
-            return burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens), None
+            return burst_calls(pool, load_chat(), requests, spread, seed=seed, max_tokens=max_tokens), None, None
         if not trace.exists():
             raise PoolError(f"trace {trace} not found")
-        scale = _rate_scale(rate_scale, trace, requests, seed)
-        if rate_scale == "auto":
-            scale *= load_factor
-        return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale
+        if rate_scale != "auto":
+            return (trace_calls(str(trace), pool, requests, _rate_scale(rate_scale), seed=seed,
+                                max_tokens_cap=max_tokens_cap), _rate_scale(rate_scale), None)
+        from serving.bench.autoscale import CALIBRATION_CALLS, auto_rate_scale, calibration_calls, measure_speed
+        from serving.bench.systems import EngineSizes
+
+        sizes = EngineSizes()
+        info: dict = {"found_in": "simulator (fcfs, profile vllm-cpu-smollm2)", "speed": 1.0}
+        if calibrate is not None:
+            calib = calibration_calls(trace_calls(str(trace), pool, CALIBRATION_CALLS, 1.0, seed=seed))
+            info.update(measure_speed(calib, calibrate(calib), max_num_seqs=sizes.max_num_seqs,
+                                      max_num_batched_tokens=sizes.max_num_batched_tokens, seed=seed))
+        scale = auto_rate_scale(str(trace), requests, seed=seed, max_tokens_cap=max_tokens_cap, speed=info["speed"],
+                                max_num_seqs=sizes.max_num_seqs, max_num_batched_tokens=sizes.max_num_batched_tokens)
+        info["single_instance_scale"] = scale
+        scale = round(scale * load_factor, 4)
+        return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale, info
     except (PoolError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
 
 
-def _rate_scale(value: str, trace: Path, n: int, seed: int) -> float:
-    if value != "auto":
-        try:
-            x = float(value)
-        except ValueError:
-            raise ValueError(f"--rate-scale must be a number or auto, got {value!r}") from None
-        if x <= 0:
-            raise ValueError("--rate-scale must be > 0")
-        return x
-    from serving.bench.autoscale import auto_rate_scale
-
-    return auto_rate_scale(str(trace), n, seed=seed)
+def _rate_scale(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"--rate-scale must be a number or auto, got {value!r}") from None
+    if x <= 0:
+        raise ValueError("--rate-scale must be > 0")
+    return x
 
 
 def _line(name: str, s: dict) -> str:

@@ -85,7 +85,7 @@ def bench_cluster(
     from serving.bench.cluster import BASELINE, ROUTER_NAMES, ClusterPlan, plot as plot_png, run_cluster
     from serving.bench.serve import _classes, slo_scale, with_predictions
     from serving.bench.systems import BenchError, EngineSizes
-    from serving.cli.bench_cmds import scenario_calls, served_model_or_exit
+    from serving.cli.bench_cmds import live_calibration, scenario_calls, served_model_or_exit
     from serving.cli.progress import progress_bar
 
     names = [r.strip() for r in routers.split(",") if r.strip()]
@@ -99,17 +99,22 @@ def bench_cluster(
     if kill_instance_at is not None and (kill_instance_at <= 0 or instances < 2):
         raise typer.BadParameter("--kill-instance-at needs a time > 0 and at least 2 instances")
     model = served_model_or_exit()
-    calls, scale = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale, max_tokens_cap, seed,
-                                  load_factor=instances)
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
+    try:
+        calls, scale, auto = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale,
+                                            max_tokens_cap, seed, load_factor=instances,
+                                            calibrate=live_calibration(port, tmp, model))
+    except BenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
     if BASELINE in names:
         calls = with_predictions(calls)
-    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
     sizes = EngineSizes(max_num_seqs=max_num_seqs)
     plan = ClusterPlan(instances=instances, base_port=port, front_port=port + 90, sizes=sizes,
                        kill_at=kill_instance_at, workdir=tmp, nice=nice, bind=bind, eager=eager)
     out = {"instances": instances, "requests": len(calls), "scenario": scenario,
            "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
-           "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
+           "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
            "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
            "bind": bind, "nice": nice, "eager": eager}
     out["routers"] = {}

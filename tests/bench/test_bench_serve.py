@@ -122,3 +122,46 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
         assert s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
     assert (tmp_path / "cdf.png").stat().st_size > 10_000
     assert port_free(port), "the servers the benchmark started are stopped"
+
+
+def test_auto_rate_scale_is_the_fcfs_knee_at_todays_machine_speed():
+    """`--rate-scale auto` (simulation): the load where stock fcfs's ESI-1 attainment first
+    drops below 0.8; a machine twice as slow as the profile reaches it at a lighter load."""
+    from serving.bench.autoscale import GRID, auto_rate_scale
+
+    kw = dict(max_tokens_cap=64)
+    base = auto_rate_scale(TRACE, 120, **kw)
+    slow = auto_rate_scale(TRACE, 120, speed=2.0, **kw)
+    assert slow < base
+    # the bisection found the lightest such load: one grid step lighter, fcfs still holds
+    from dataclasses import replace
+
+    from serving.bench.autoscale import PROMPT_TOKENS, _profile
+    from triage.classes import load_classes
+    from triage.policies import make_policy
+    from triage.sim.cluster import simulate_cluster
+    from triage.sim.metrics import summarize as sim_summarize
+    from triage.sim.traces import load_trace
+
+    prof = _profile(32, 2048)
+    classes = load_classes().scaled(prof.slo_scale)
+
+    def esi1(scale):
+        reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, 64)))
+                for t in load_trace(TRACE, limit=120, rate_scale=scale)]
+        res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes)
+        return sim_summarize(res.requests, classes, "fcfs")["per_class"]["1"]["slo_attainment"]
+
+    assert esi1(base) < 0.8 <= esi1(GRID[GRID.index(base) - 1])
+
+
+def test_calibration_burst_fills_every_seat_at_once():
+    from serving.bench.autoscale import CALIBRATION_CALLS, CALIBRATION_TOKENS, calibration_calls, simulated_wall
+
+    calls = calibration_calls(trace_calls(TRACE, POOL, 40, 1.0))
+    assert len(calls) == CALIBRATION_CALLS == 32
+    assert all(c.at == 0.0 and c.max_tokens == CALIBRATION_TOKENS and c.ignore_eos for c in calls)
+    # the simulator's time for it: 64 decode steps of a full batch at least, and it grows with the prompts
+    short = simulated_wall(calls, [50] * 32, max_num_seqs=32, max_num_batched_tokens=2048)
+    long = simulated_wall(calls, [1000] * 32, max_num_seqs=32, max_num_batched_tokens=2048)
+    assert 1.0 < short < long

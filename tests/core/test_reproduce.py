@@ -64,3 +64,23 @@ def test_reproduce_004_quick_has_the_documented_json_shape(tmp_path):
     assert all(v > 0 for v in d["esi1_norm_wait"].values())
     for r in d["rows"]:
         assert set(r) == {"metric", "paper", "ours", "setup"}
+
+
+def test_seed000_ablation_batch_capacity_follows_alg1():
+    """Alg. 1 bounds a latency-aware batch by its time budget and memory (no token budget);
+    'w/o latency-aware' is the static token budget; η is one static step (not below it)."""
+    from triage.estimators import Work
+    from triage.profiles import load_profile
+    from triage.sim.reproduce import seed000
+
+    prof = load_profile(seed000.PROFILE)
+    eta = seed000.static_step_eta()
+    assert eta == round(prof.estimator().batch_time([Work(prof.limits.max_num_batched_tokens, 0)]), 3)
+    assert prof.estimator().t_c < eta <= 0.2          # inside [t_c, TPOT SLO]
+    steps = {s.label: s for s in seed000.ablation_steps()}
+    assert [s.label for s in seed000.STEPS] == ["w/ only deadline", "w/ only density", "w/o latency-aware", "ours"]
+    assert steps["w/o latency-aware"].max_num_batched_tokens is None          # the profile's static 512
+    assert steps["w/o latency-aware"].params["latency_aware"] is False
+    for k in ("w/ only deadline", "w/ only density", "ours"):
+        assert steps[k].max_num_batched_tokens == seed000.UNBOUND_TOKENS
+        assert steps[k].params["eta"] == eta

@@ -111,10 +111,18 @@ def test_gorouting_all_heavy_falls_back_to_least_loaded():
 def test_gorouting_no_gain_anywhere_is_a_seeded_random_pick():
     picks = []
     for _ in range(2):
-        g = make_router("gorouting", seed=7)
+        g = make_router("gorouting", seed=7, fallback="random")     # Alg. 2 line 19 as printed
         pool = [_loaded(g, i, 100.0) for i in range(4)]          # nobody can meet a 2 s TTFT
         picks.append([g.route(req(level=1, prompt=200), pool, 0.0) for _ in range(6)])
     assert picks[0] == picks[1] and len(set(picks[0])) > 1
+
+
+def test_gorouting_no_gain_anywhere_falls_back_to_the_least_loaded_by_default():
+    g = make_router("gorouting", seed=7)
+    pool = [_loaded(g, 0, 100.0), _loaded(g, 1, 40.0), _loaded(g, 2, 60.0), _loaded(g, 3, 40.0)]  # none meets 2 s
+    assert [g.route(req(level=1, prompt=200), pool, 0.0) for _ in range(3)] == [1, 1, 1]   # argmin EXEC, ties low
+    with pytest.raises(ValueError, match="fallback"):
+        make_router("gorouting", fallback="first")
 
 
 def test_gorouting_candidates_only_where_the_request_gains():

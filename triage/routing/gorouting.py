@@ -11,7 +11,8 @@ PD co-located.
         C \\ H ≠ ∅  → argmax_{C\\H} EXEC(p) (the heaviest that is not heavy: keep idle
                                             capacity for later long, urgent requests)
         else       → argmin_C EXEC(p)     (all heavy: the least loaded)
-    else:          RANDOMSELECT(P)       (seeded)
+    else:          argmin_P EXEC(p)      (fallback; the seed prints RANDOMSELECT(P):
+                                            `fallback="random"`, seeded; see below)
     decode instance ← the most free KV blocks                 (line 20)
 
 PrefillQueueMap[p] is the router's own list of requests dispatched to p whose first
@@ -51,6 +52,18 @@ policy's order (`bind_policy`). Measured on the Mooncake conversation trace (4
 instances, triage local policy, rate scale 0.4, seeds 0/1/2): the arrival view fell
 0.2-0.8 % below min_load's TDG, the level view is above it at every seed
 (docs/policies.md).
+
+Fallback when no instance gains (Δmax ≤ 0: the request's first token misses everywhere):
+the seed's line 19 picks at random. Its co-located gain counts first tokens only and
+assumes decodes always meet their deadlines, but TDG also pays for decode tokens, and a
+late first token's decodes can still catch their envelope deadlines, most often on the
+least loaded instance; a random pick also lands such requests (long prompts, overload)
+on busy instances, where they delay others. Default `fallback="least_loaded"`: argmin_P
+EXEC(p), line 17's load balancing over the whole pool; `fallback="random"` is the
+printed rule (seeded). Measured on Mooncake (4 instances, first 1,000 requests, rate
+scale 0.4, seed 0): 44 % of fcfs's and 11 % of triage's dispatches take the fallback;
+random gives TDG 0.8274 (fcfs) / 0.9704 (triage) against min_load's 0.8344 / 0.9706
+(docs/reproduction.md has the rest).
 """
 from __future__ import annotations
 
@@ -74,10 +87,15 @@ class _Queue:
 
 @register("gorouting")
 class GoRouting(Router):
+    FALLBACKS = ("least_loaded", "random")
+
     def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.9, seed: int = 0, view: str = "auto",
-                 eta: float = 0.1) -> None:
+                 eta: float = 0.1, fallback: str = "least_loaded") -> None:
         if view not in ("auto", "arrival", "level"):
             raise ValueError("view must be 'auto', 'arrival' or 'level'")
+        if fallback not in self.FALLBACKS:
+            raise ValueError(f"fallback must be one of {', '.join(self.FALLBACKS)}, got {fallback!r}")
+        self.fallback = fallback            # Δmax ≤ 0 (module docstring)
         self.view = view                    # which queued requests a new one waits behind (module docstring)
         self.by_level = view == "level"
         self.alpha = alpha                  # candidate threshold on Δ
@@ -145,7 +163,9 @@ class GoRouting(Router):
             execs_req.append(e_req)
         d_max = max(deltas)
         if not d_max > 0:
-            return int(self._rng.integers(n))                             # line 19
+            if self.fallback == "random":
+                return int(self._rng.integers(n))                         # line 19 as printed
+            return min(range(n), key=lambda i: (execs[i], i))             # least loaded (docstring)
         cands = [i for i in range(n) if deltas[i] >= self.alpha * d_max]  # line 8
         slo = req.ttft_slo
         light = [i for i in cands if execs[i] < self.mu * slo]            # line 10

@@ -33,6 +33,11 @@ from predictors.model import softmax
 from predictors.site_features import FEATURE_VERSION, VITALS_NAMES
 
 L2_GRID = (0.003, 0.01, 0.03, 0.1)
+# the MLP head (`head="mlp"`): input dropout 0.2 -> 64 ReLU units -> dropout 0.5 -> 5 logits,
+# AdamW (lr 3e-3, full batch, seeded); weight decay and epochs chosen by inner log-loss
+MLP_HIDDEN = 64
+MLP_GRID = ((0.01, 150), (0.1, 150), (0.01, 300), (0.1, 300))
+HEADS = ("logistic", "mlp")
 UNDER_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 48.0)
 FLOOR_CONFIDENCE = 0.9
 ADAPTER_FILE, ADAPTER_META = "adapter.npz", "adapter.json"
@@ -113,6 +118,37 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, k: int = 5, start: tup
     return p[: d * k].reshape(d, k), p[d * k:]
 
 
+def fit_mlp(X: np.ndarray, y: np.ndarray, weight_decay: float, epochs: int, k: int = 5, seed: int = 0,
+            hidden: int = MLP_HIDDEN) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A one-hidden-layer MLP on standardised X (torch, CPU, seeded, full batch); y in 0..k-1.
+    Returns numpy (W1, b1, W, b) for `SiteAdapter.logits`; dropout is training-only."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    lin1, lin2 = torch.nn.Linear(X.shape[1], hidden), torch.nn.Linear(hidden, k)
+    for lin in (lin1, lin2):  # initialised from the seeded generator, not the global RNG state
+        bound = 1.0 / np.sqrt(lin.in_features)
+        with torch.no_grad():
+            lin.weight.uniform_(-bound, bound, generator=g)
+            lin.bias.uniform_(-bound, bound, generator=g)
+    net = torch.nn.Sequential(torch.nn.Dropout(0.2), lin1, torch.nn.ReLU(), torch.nn.Dropout(0.5), lin2)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=weight_decay)
+    Xt, yt = torch.tensor(X, dtype=torch.float32), torch.tensor(np.asarray(y), dtype=torch.long)
+    net.train()
+    for _ in range(epochs):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(Xt), yt).backward()
+        opt.step()
+    f = lambda t: t.detach().double().numpy().copy()  # noqa: E731
+    return f(lin1.weight).T, f(lin1.bias), f(lin2.weight).T, f(lin2.bias)
+
+
+def _mlp_logits(Z: np.ndarray, params: tuple) -> np.ndarray:
+    W1, b1, W, b = params
+    return np.maximum(Z @ W1 + b1, 0.0) @ W + b
+
+
 def stratified_folds(y: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Fold index per row, each class spread evenly over the folds (seeded)."""
     rng = np.random.default_rng(seed)
@@ -173,13 +209,18 @@ class SiteAdapter:
     temperature: float
     under_weight: float
     hidden: int
+    W1: np.ndarray | None = None  # MLP head: first layer (None: logistic head)
+    b1: np.ndarray | None = None
     floor_confidence: float = FLOOR_CONFIDENCE
     feature_version: int = FEATURE_VERSION
     general_fingerprint: str = ""
     info: dict = field(default_factory=dict)
 
     def logits(self, X: np.ndarray) -> np.ndarray:
-        return ((np.asarray(X, dtype=np.float64) - self.mean) / self.scale) @ self.W + self.b
+        Z = (np.asarray(X, dtype=np.float64) - self.mean) / self.scale
+        if self.W1 is not None:
+            Z = np.maximum(Z @ self.W1 + self.b1, 0.0)
+        return Z @ self.W + self.b
 
     def probs(self, X: np.ndarray) -> np.ndarray:
         """Calibrated P(level 1..5)."""
@@ -207,8 +248,11 @@ class SiteAdapter:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        np.savez(tmp / ADAPTER_FILE, mean=self.mean, scale=self.scale, W=self.W, b=self.b)
-        meta = {k: v for k, v in asdict(self).items() if k not in ("mean", "scale", "W", "b")}
+        arrays = {"mean": self.mean, "scale": self.scale, "W": self.W, "b": self.b}
+        if self.W1 is not None:
+            arrays.update(W1=self.W1, b1=self.b1)
+        np.savez(tmp / ADAPTER_FILE, **arrays)
+        meta = {k: v for k, v in asdict(self).items() if k not in ("mean", "scale", "W", "b", "W1", "b1")}
         (tmp / ADAPTER_META).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -220,9 +264,10 @@ class SiteAdapter:
         path = Path(path)
         meta = json.loads((path / ADAPTER_META).read_text(encoding="utf-8"))
         with np.load(path / ADAPTER_FILE) as z:
-            arrays = {k: z[k] for k in ("mean", "scale", "W", "b")}
+            arrays = {k: z[k] for k in ("mean", "scale", "W", "b", "W1", "b1") if k in z.files}
         a = cls(**arrays, **meta)
-        if a.W.shape != (len(a.mean), 5) or a.b.shape != (5,):
+        d_in = len(a.mean) if a.W1 is None else a.W1.shape[1]
+        if a.W.shape != (d_in, 5) or a.b.shape != (5,) or (a.W1 is not None and a.W1.shape[0] != len(a.mean)):
             raise ValueError(f"adapter at {path} is malformed (weights {a.W.shape})")
         return a
 
@@ -249,8 +294,12 @@ def check_log(y: np.ndarray, min_per_level: int) -> None:
 
 def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden: int, *, budget: float | None = None,
                 folds: int = 5, seed: int = 0, min_per_level: int = 5, general_fingerprint: str = "",
-                progress: ProgressFn | None = None) -> SiteAdapter:
-    """Fit on training rows only (see module docstring). `y`, `general_levels`: levels 1-5."""
+                head: str = "logistic", progress: ProgressFn | None = None) -> SiteAdapter:
+    """Fit on training rows only (see module docstring). `y`, `general_levels`: levels 1-5.
+    `head`: "logistic" (L2 from `L2_GRID`) or "mlp" (weight decay and epochs from `MLP_GRID`),
+    its settings chosen by inner-fold log-loss either way."""
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, not {head!r}")
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=int)
     gl = np.asarray(general_levels, dtype=int)
@@ -259,21 +308,25 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
     Z = (X - mean) / scale
     t = y - 1
     fold = stratified_folds(y, folds, seed)
-    oof = {l2: np.zeros((len(y), 5)) for l2 in L2_GRID}
-    total, done = folds * len(L2_GRID) + 1, 0
+    grid = L2_GRID if head == "logistic" else MLP_GRID
+    oof = {g: np.zeros((len(y), 5)) for g in grid}
+    total, done = folds * len(grid) + 1, 0
     for f in range(folds):
         tr, te = fold != f, fold == f
         m, s = _standardise(X[tr])  # inner folds standardise on their own training part
-        Ztr, start = (X[tr] - m) / s, None
-        for l2 in sorted(L2_GRID, reverse=True):  # strongest first, each warm-starting the next
-            W, b = start = fit_logistic(Ztr, t[tr], l2, start=start)
-            oof[l2][te] = ((X[te] - m) / s) @ W + b
+        Ztr, Zte, start = (X[tr] - m) / s, (X[te] - m) / s, None
+        for g in (sorted(grid, reverse=True) if head == "logistic" else grid):  # L2: strongest first, warm-starting the next
+            if head == "logistic":
+                W, b = start = fit_logistic(Ztr, t[tr], g, start=start)
+                oof[g][te] = Zte @ W + b
+            else:
+                oof[g][te] = _mlp_logits(Zte, fit_mlp(Ztr, t[tr], g[0], g[1], seed=seed))
             done += 1
             if progress:
                 progress("fit adapter", done, total)
-    nll = {l2: float(-(oof[l2] - np.log(np.exp(oof[l2] - oof[l2].max(1, keepdims=True)).sum(1, keepdims=True))
-                       - oof[l2].max(1, keepdims=True))[np.arange(len(t)), t].mean()) for l2 in L2_GRID}
-    l2 = min(L2_GRID, key=lambda v: nll[v])
+    nll = {g: float(-(oof[g] - np.log(np.exp(oof[g] - oof[g].max(1, keepdims=True)).sum(1, keepdims=True))
+                      - oof[g].max(1, keepdims=True))[np.arange(len(t)), t].mean()) for g in grid}
+    l2 = min(grid, key=lambda v: nll[v])
     temperature = fit_temperature(oof[l2], t)
     probs = softmax(oof[l2], temperature)
     gp = np.exp(X[:, hidden:hidden + 5])
@@ -282,19 +335,25 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
     general_under = under_triage_12(y, gl)
     bud = general_under if budget is None else float(budget)
     w, table = choose_under_weight(probs, y, gl, floor, bud)
-    W, b = fit_logistic(Z, t, l2)
+    W1 = b1 = None
+    if head == "logistic":
+        W, b = fit_logistic(Z, t, l2)
+    else:
+        W1, b1, W, b = fit_mlp(Z, t, l2[0], l2[1], seed=seed)
     if progress:
         progress("fit adapter", total, total)
     oof_levels = decide_levels(probs, w, gl, floor)
     info = {
-        "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "l2": l2,
-        "inner_folds": folds, "inner_nll": nll, "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
+        "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "head": head,
+        "l2": l2 if head == "logistic" else None,
+        "mlp": None if head == "logistic" else {"hidden": MLP_HIDDEN, "weight_decay": l2[0], "epochs": l2[1]},
+        "inner_folds": folds, "inner_nll": {str(g): v for g, v in nll.items()} if head == "mlp" else nll, "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
         "general_under_triage_1_2_train": general_under, "under_weight_table": table,
         "oof": {"accuracy": float((oof_levels == y).mean()), "under_triage_1_2": under_triage_12(y, oof_levels),
                 "ece_uncalibrated": expected_calibration_error(softmax(oof[l2], 1.0), t),
                 "ece": expected_calibration_error(probs, t)},
     }
-    return SiteAdapter(mean=mean, scale=scale, W=W, b=b, temperature=float(temperature), under_weight=float(w), hidden=hidden,
+    return SiteAdapter(mean=mean, scale=scale, W=W, b=b, W1=W1, b1=b1, temperature=float(temperature), under_weight=float(w), hidden=hidden,
                        general_fingerprint=general_fingerprint, info=info)
 
 

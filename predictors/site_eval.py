@@ -28,10 +28,16 @@ import numpy as np
 from predictors.adapter import FLOOR_CONFIDENCE, fit_adapter, stratified_folds
 from predictors.calibration import expected_calibration_error
 from predictors.metrics import urgency_report
-from predictors.site_features import FEATURE_VERSION, site_features
+from predictors.site_features import site_features
 from triage.paths import state_dir
 
 ProgressFn = Callable[[str, int, int], None]
+# The simulated site's accepted under-triage of levels 1-2 for the decision rule: the KTAS
+# triage nurses' own figure is 0.138 (issue 14's bar); 0.12 leaves margin below it. A site
+# sets its own (`--adapt kfold=5,budget=B`); the production path (`triage adapt`) keeps the
+# general model's under-triage as its budget.
+SITE_BUDGET = 0.12
+SITE_HEAD = "mlp"
 KEYS = ("n", "accuracy", "under_triage_1_2", "level1_recall", "over_triage", "within_one", "macro_f1", "critical_to_3plus")
 
 
@@ -44,7 +50,7 @@ def general_outputs(texts: list[str], model_dir: Path, threads: int = 2, runtime
     h = hashlib.sha256()
     h.update(weights_fingerprint(model_dir).encode())
     h.update((model_dir / "triage_meta.json").read_bytes())
-    h.update(f"v{FEATURE_VERSION}".encode())
+    h.update(b"v1")  # the cache holds pooled vectors and P_general, not the feature layout
     for t in texts:
         h.update(t.encode("utf-8", "replace") + b"\0")
     cache = state_dir() / "cache" / f"ktas-site-features-{h.hexdigest()[:20]}.npz"
@@ -82,7 +88,7 @@ def _fig(gold, pred) -> dict:
     return {k: r[k] for k in KEYS}
 
 
-def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None = None, model_dir: Path | None = None,
+def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None = None, head: str = SITE_HEAD, model_dir: Path | None = None,
                              threads: int = 2, runtime: str = "auto", progress: ProgressFn | None = None) -> dict:
     from predictors.evaluate import load_ktas
     from predictors.model import default_model_dir
@@ -110,7 +116,8 @@ def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None 
             if progress:
                 progress(f"fold {f + 1}/{k}", done, total)
 
-        ad = fit_adapter(X[tr], gold[tr], general[tr], hidden, budget=budget, seed=seed, progress=prog)
+        ad = fit_adapter(X[tr], gold[tr], general[tr], hidden, budget=SITE_BUDGET if budget is None else budget, seed=seed,
+                         head=head, progress=prog)
         adapted[te] = ad.decide(X[te], general[te])
         aprobs[te] = ad.probs(X[te])
         argmax[te] = aprobs[te].argmax(1) + 1
@@ -119,14 +126,14 @@ def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None 
             "adapted": {**_fig(gold[te], adapted[te]), "ece": expected_calibration_error(aprobs[te], gold[te] - 1)},
             "zero_shot": {**_fig(gold[te], general[te]), "ece": expected_calibration_error(gprobs[te], gold[te] - 1)},
             "adapter_argmax": _fig(gold[te], argmax[te]),
-            "chosen": {"l2": ad.info["l2"], "temperature": round(ad.temperature, 4), "under_weight": ad.under_weight,
+            "chosen": {"head": head, "l2": ad.info["l2"], "mlp": ad.info["mlp"], "temperature": round(ad.temperature, 4), "under_weight": ad.under_weight,
                        "budget_under_triage_1_2": round(ad.info["budget_under_triage_1_2"], 4),
                        "inner_oof": {kk: round(v, 4) for kk, v in ad.info["oof"].items()}},
         })
     overall_adapted = urgency_report(gold, adapted)
     return {
-        "dataset": "ktas", "adapt": {"kfold": k, "seed": seed, "budget": "general model's under-triage on the training folds"
-                                     if budget is None else budget, "floor_confidence": FLOOR_CONFIDENCE},
+        "dataset": "ktas", "adapt": {"kfold": k, "seed": seed, "head": head,
+                                     "budget": SITE_BUDGET if budget is None else budget, "floor_confidence": FLOOR_CONFIDENCE},
         "labels": "KTAS_expert of the other folds as the site's relabels; KTAS_RN never used",
         "n": int(len(gold)),
         "adapted": {**{kk: overall_adapted[kk] for kk in KEYS}, "confusion": overall_adapted["confusion"],

@@ -7,8 +7,13 @@ parsed from the text.
 The vitals block gives a linear head what it cannot get from digits in an embedding: each
 reading (missing -> a normal value, with a missing flag), how far it lies outside the
 normal adult range (hinges), the pain score (NRS 0-10, as "NRS 7" or "pain 7/10"), AVPU
-one-hot and the ESI floor flags of `predictors.vitals` (A, B, D). Nothing here is fitted:
-ranges are textbook adult normals, not learned from any data set.
+one-hot and the ESI floor flags of `predictors.vitals` (A, B, D), and the pain score split
+by the complaint's site (version 2): triage scales grade pain by where it is (KTAS: NRS
+8-10 is level 2 for central pain - chest, abdomen, head, back, flank, pelvis - and 3 for
+peripheral pain), an interaction a head cannot build from the pain score and the pooled
+vector alone. The complaint is the text before its first comma (at most 120 characters).
+Nothing here is fitted: ranges are textbook adult normals and the site words a fixed
+list, not learned from any data set.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import numpy as np
 
 from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_floor
 
-FEATURE_VERSION = 1  # bump when the layout below changes (stored examples carry it)
+FEATURE_VERSION = 2  # bump when the layout below changes (stored examples carry it)
 
 # (field, normal value used when missing, scale, hinge below, hinge above)
 _READINGS = (
@@ -32,6 +37,8 @@ _READINGS = (
     ("nrs", 0.0, 3.0, None, 6.5),
 )
 _AVPU = ("A", "V", "P", "U")
+_CENTRAL = re.compile(r"chest|abdom|epigastr|flank|head|back|pelvi|thora|stomach|[rl][lu]q\b|periumbil|loin", re.I)
+_PAIN = re.compile(r"pain|ache|tender", re.I)
 _NRS = (re.compile(r"\bNRS\s*:?\s*(\d{1,2})\b", re.I), re.compile(r"\bpain(?: score| scale)?\s*:?\s*(\d{1,2})\s*/\s*10\b", re.I))
 
 
@@ -44,6 +51,7 @@ def _names() -> tuple[str, ...]:
         if hi is not None:
             out.append(f"{name}_above_{hi:g}")
     out += [f"avpu_{a}" for a in _AVPU] + ["avpu_missing", "child_under_8", "floor_A", "floor_B", "floor_D_zone"]
+    out += ["nrs_central", "nrs_peripheral", "nrs8_central", "nrs8_peripheral", "nrs4_7_central", "nrs4_7_peripheral"]
     return tuple(out)
 
 
@@ -57,6 +65,17 @@ def pain_score(text: str) -> float | None:
             v = float(m.group(1))
             return v if 0 <= v <= 10 else None
     return None
+
+
+def _pain_site(text: str, nrs: float | None) -> list[float]:
+    """Pain score x complaint site: (NRS/10 central, NRS/10 peripheral, NRS 8-10 central,
+    NRS 8-10 peripheral, NRS 4-7 central, NRS 4-7 peripheral)."""
+    complaint = text[:120].split(",", 1)[0]
+    n = 0.0 if nrs is None else float(nrs)
+    central = bool(_CENTRAL.search(complaint))
+    peripheral = not central and bool(_PAIN.search(complaint))
+    return [n / 10 * central, n / 10 * peripheral, float(n >= 8 and central), float(n >= 8 and peripheral),
+            float(4 <= n < 8 and central), float(4 <= n < 8 and peripheral)]
 
 
 def vitals_block(text: str) -> np.ndarray:
@@ -78,6 +97,7 @@ def vitals_block(text: str) -> np.ndarray:
     hr_max, rr_max = danger_zone_limits(v.age)
     zone = (v.hr is not None and v.hr > hr_max) or (v.rr is not None and v.rr > rr_max)
     out += [float(floor_a), float(floor_b), float(zone)]
+    out += _pain_site(text, vals["nrs"])
     return np.asarray(out, dtype=np.float32)
 
 

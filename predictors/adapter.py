@@ -326,9 +326,9 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
                 progress("fit adapter", done, total)
     nll = {g: float(-(oof[g] - np.log(np.exp(oof[g] - oof[g].max(1, keepdims=True)).sum(1, keepdims=True))
                       - oof[g].max(1, keepdims=True))[np.arange(len(t)), t].mean()) for g in grid}
-    l2 = min(grid, key=lambda v: nll[v])
-    temperature = fit_temperature(oof[l2], t)
-    probs = softmax(oof[l2], temperature)
+    best = min(grid, key=lambda v: nll[v])  # an L2 (logistic) or (weight decay, epochs) (mlp)
+    temperature = fit_temperature(oof[best], t)
+    probs = softmax(oof[best], temperature)
     gp = np.exp(X[:, hidden:hidden + 5])
     fa = X[:, hidden + 5 + VITALS_NAMES.index("floor_A")] > 0.5
     floor = general_floor_mask(gp, fa, gl, FLOOR_CONFIDENCE)
@@ -337,20 +337,20 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
     w, table = choose_under_weight(probs, y, gl, floor, bud)
     W1 = b1 = None
     if head == "logistic":
-        W, b = fit_logistic(Z, t, l2)
+        W, b = fit_logistic(Z, t, best)
     else:
-        W1, b1, W, b = fit_mlp(Z, t, l2[0], l2[1], seed=seed)
+        W1, b1, W, b = fit_mlp(Z, t, best[0], best[1], seed=seed)
     if progress:
         progress("fit adapter", total, total)
     oof_levels = decide_levels(probs, w, gl, floor)
     info = {
         "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "head": head,
-        "l2": l2 if head == "logistic" else None,
-        "mlp": None if head == "logistic" else {"hidden": MLP_HIDDEN, "weight_decay": l2[0], "epochs": l2[1]},
+        "l2": best if head == "logistic" else None,
+        "mlp": None if head == "logistic" else {"hidden": MLP_HIDDEN, "weight_decay": best[0], "epochs": best[1]},
         "inner_folds": folds, "inner_nll": {str(g): v for g, v in nll.items()} if head == "mlp" else nll, "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
         "general_under_triage_1_2_train": general_under, "under_weight_table": table,
         "oof": {"accuracy": float((oof_levels == y).mean()), "under_triage_1_2": under_triage_12(y, oof_levels),
-                "ece_uncalibrated": expected_calibration_error(softmax(oof[l2], 1.0), t),
+                "ece_uncalibrated": expected_calibration_error(softmax(oof[best], 1.0), t),
                 "ece": expected_calibration_error(probs, t)},
     }
     return SiteAdapter(mean=mean, scale=scale, W=W, b=b, W1=W1, b1=b1, temperature=float(temperature), under_weight=float(w), hidden=hidden,

@@ -51,27 +51,35 @@ def simulated_wall(calls: list, prompt_tokens: list[int], *, max_num_seqs: int, 
     return max(r.finish_time for r in res.requests) - min(r.arrival for r in res.requests)
 
 
-def auto_rate_scale(trace: str, n: int, *, seed: int = 0, max_tokens_cap: int = 256, target: float = 0.8,
-                    speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float:
-    """The lightest scale of GRID at which simulated fcfs keeps ESI-1 below `target`;
-    `speed` multiplies every simulated step time (today's machine against the profile's)."""
+def fcfs_esi1_attainment(trace: str, n: int, scale: float, *, seed: int = 0, max_tokens_cap: int = 256,
+                         speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float | None:
+    """Simulated stock fcfs's ESI-1 SLO attainment on the trace at `scale` (None: no ESI-1)."""
     from triage.classes import load_classes
     from triage.policies import make_policy
     from triage.sim.cluster import simulate_cluster
     from triage.sim.metrics import summarize
     from triage.sim.traces import load_trace
 
-    if speed <= 0:
-        raise ValueError("speed must be > 0")
     prof = _profile(max_num_seqs, max_num_batched_tokens)
     classes = load_classes().scaled(prof.slo_scale)
+    reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, max_tokens_cap)))
+            for t in load_trace(trace, limit=n, rate_scale=scale, seed=seed)]
+    res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes, seed=seed, bias=speed)
+    one = summarize(res.requests, classes, "fcfs")["per_class"].get("1")
+    return one["slo_attainment"] if one else None
+
+
+def auto_rate_scale(trace: str, n: int, *, seed: int = 0, max_tokens_cap: int = 256, target: float = 0.8,
+                    speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float:
+    """The lightest scale of GRID at which simulated fcfs keeps ESI-1 below `target`;
+    `speed` multiplies every simulated step time (today's machine against the profile's)."""
+    if speed <= 0:
+        raise ValueError("speed must be > 0")
 
     def below(scale: float) -> bool:
-        reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, max_tokens_cap)))
-                for t in load_trace(trace, limit=n, rate_scale=scale, seed=seed)]
-        res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes, seed=seed, bias=speed)
-        one = summarize(res.requests, classes, "fcfs")["per_class"].get("1")
-        return bool(one) and one["slo_attainment"] < target
+        a = fcfs_esi1_attainment(trace, n, scale, seed=seed, max_tokens_cap=max_tokens_cap, speed=speed,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        return a is not None and a < target
 
     if not below(GRID[-1]):
         raise ValueError(f"even at rate scale {GRID[-1]} stock fcfs keeps ESI-1 SLO attainment >= {target} "

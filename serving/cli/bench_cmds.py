@@ -126,8 +126,8 @@ def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_
         if not trace.exists():
             raise PoolError(f"trace {trace} not found")
         if rate_scale != "auto":
-            return (trace_calls(str(trace), pool, requests, _rate_scale(rate_scale), seed=seed,
-                                max_tokens_cap=max_tokens_cap), _rate_scale(rate_scale), None)
+            scale = _rate_scale(rate_scale)
+            return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale, None
         from serving.bench.autoscale import CALIBRATION_CALLS, auto_rate_scale, calibration_calls, measure_speed
         from serving.bench.systems import EngineSizes
 

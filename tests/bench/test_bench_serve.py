@@ -127,30 +127,15 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
 def test_auto_rate_scale_is_the_fcfs_knee_at_todays_machine_speed():
     """`--rate-scale auto` (simulation): the load where stock fcfs's ESI-1 attainment first
     drops below 0.8; a machine twice as slow as the profile reaches it at a lighter load."""
-    from serving.bench.autoscale import GRID, auto_rate_scale
+    from serving.bench.autoscale import GRID, auto_rate_scale, fcfs_esi1_attainment
 
     kw = dict(max_tokens_cap=64)
     base = auto_rate_scale(TRACE, 120, **kw)
     slow = auto_rate_scale(TRACE, 120, speed=2.0, **kw)
     assert slow < base
     # the bisection found the lightest such load: one grid step lighter, fcfs still holds
-    from dataclasses import replace
-
-    from serving.bench.autoscale import PROMPT_TOKENS, _profile
-    from triage.classes import load_classes
-    from triage.policies import make_policy
-    from triage.sim.cluster import simulate_cluster
-    from triage.sim.metrics import summarize as sim_summarize
-    from triage.sim.traces import load_trace
-
-    prof = _profile(32, 2048)
-    classes = load_classes().scaled(prof.slo_scale)
-
     def esi1(scale):
-        reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, 64)))
-                for t in load_trace(TRACE, limit=120, rate_scale=scale)]
-        res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes)
-        return sim_summarize(res.requests, classes, "fcfs")["per_class"]["1"]["slo_attainment"]
+        return fcfs_esi1_attainment(TRACE, 120, scale, max_tokens_cap=64)
 
     assert esi1(base) < 0.8 <= esi1(GRID[GRID.index(base) - 1])
 

@@ -26,14 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: Path | None,
-              configs: list[dict], sample: int = 0) -> list[dict]:
+              configs: list[dict], sample: int = 0, systems: list[str | None] = (None,)) -> list[dict]:
     """One engine; the split's texts (or a seeded sample of `sample` of them) once per
-    configuration in `configs` (overrides on top of the model's defaults; {} = the defaults)."""
+    (system prompt, configuration) pair: `configs` are overrides on top of the model's
+    defaults ({} = the defaults); a system prompt of None is the service's default
+    (`serving.model_prep.DEFAULT_SYSTEM_PROMPT`), "" none at all."""
     import random
 
     import numpy as np
 
     from serving.engine import EngineConfig, TriageEngine
+    from serving.model_prep import DEFAULT_SYSTEM_PROMPT, chat_messages
 
     rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = [r for r in rows if r["split"] == split]
@@ -46,17 +49,18 @@ async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: 
     sink = out.open("w", encoding="utf-8") if out is not None else None   # one line per answer, as it ends
     reports = []
     try:
-        for ci, overrides in enumerate(configs):
+        for ci, (system, overrides) in enumerate((s, c) for s in systems for c in configs):
+            system = DEFAULT_SYSTEM_PROMPT if system is None else system
             defaults = {**model_defaults, **overrides}
             print(f"{len(rows)} {split} texts; model defaults {model_defaults}; overrides {overrides}; "
-                  f"max_tokens {max_tokens}", file=sys.stderr)
+                  f"system prompt {system!r}; max_tokens {max_tokens}", file=sys.stderr)
             sem = asyncio.Semaphore(concurrency)
             results: list[dict] = []
             t0 = time.time()
 
             async def one(r: dict) -> None:
-                prompt = tok.apply_chat_template([{"role": "user", "content": r["text"]}], tokenize=False,
-                                                 add_generation_prompt=True)
+                prompt = tok.apply_chat_template(chat_messages([{"role": "user", "content": r["text"]}], system),
+                                                 tokenize=False, add_generation_prompt=True)
                 async with sem:
                     n, reason, text = 0, None, []
                     async for ev in engine.generate(f"{r['id']}-{ci}", prompt, max_tokens=max_tokens, level=3,
@@ -79,7 +83,8 @@ async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: 
                         "mean": round(float(n.mean()), 1), "hit_cap": round(float((n >= max_tokens).mean()), 4)}
 
             reports.append({"corpus": str(corpus), "split": split, "sample": sample or None,
-                            "model_defaults": model_defaults, "overrides": overrides, "max_tokens": max_tokens,
+                            "model_defaults": model_defaults, "overrides": overrides, "system_prompt": system,
+                            "max_tokens": max_tokens,
                             **summary(results), "dispatch": summary([x for x in results if x["kind"] == "dispatch"]),
                             "seconds": round(time.time() - t0, 1)})
             print(json.dumps(reports[-1]), file=sys.stderr)
@@ -100,6 +105,9 @@ def main() -> None:
     ap.add_argument("--set", dest="configs", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                     help="a configuration to run: sampling defaults to try on top of the model's; repeatable, each "
                          "one a separate pass over the texts; '' is the model's own defaults (the default)")
+    ap.add_argument("--system", dest="systems", action="append", default=[], metavar="TEXT",
+                    help="a system prompt to try (repeatable, each a separate pass; '' = none); default: the "
+                         "service's default system prompt")
     ap.add_argument("--sample", type=int, default=0, help="a seeded sample of N texts of the split (0 = all)")
     a = ap.parse_args()
     configs = []
@@ -111,7 +119,8 @@ def main() -> None:
                 ap.error(f"--set wants KEY=VALUE, got {kv!r}")
             cfg[k.strip()] = int(v) if k.strip() == "top_k" else float(v)
         configs.append(cfg)
-    reports = asyncio.run(run(a.corpus, a.split, a.max_tokens, a.concurrency, a.out, configs, a.sample))
+    reports = asyncio.run(run(a.corpus, a.split, a.max_tokens, a.concurrency, a.out, configs, a.sample,
+                            a.systems or [None]))
     print(json.dumps(reports[0] if len(reports) == 1 else reports))
 
 

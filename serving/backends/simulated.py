@@ -24,7 +24,7 @@ from typing import AsyncIterator
 import numpy as np
 
 from serving.backends.base import GenRequest, TokenEvent
-from serving.model_prep import GENERATION_DEFAULTS, SAMPLING_DEFAULT_KEYS
+from serving.model_prep import served_sampling_defaults
 from triage.classes import PriorityClasses
 from triage.policies import make_policy
 from triage.profiles import DEFAULT_PROFILE, load_profile
@@ -72,7 +72,7 @@ class SimulatedBackend:
     @property
     def sampling_defaults(self) -> dict:
         """The default model's generation defaults (no model directory is read)."""
-        return {k: v for k, v in GENERATION_DEFAULTS.items() if k in SAMPLING_DEFAULT_KEYS}
+        return served_sampling_defaults()
 
     @property
     def vocab_size(self) -> int | None:

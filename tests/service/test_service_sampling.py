@@ -20,7 +20,7 @@ from conftest import Server, make_keys, make_settings
 
 MODEL = "smollm2-135m-instruct"
 VLLM_CLI = Path(__file__).resolve().parents[2] / "scripts" / "vllm_cli.py"
-CARD_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
+CARD_DEFAULTS = {"temperature": 0.2, "top_p": 0.9, "frequency_penalty": 0.5}   # the card's two, our penalty
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +106,24 @@ def test_model_defaults_fill_omitted_fields_and_the_request_wins(svc):
     assert (sp["top_k"], sp["min_p"], sp["repetition_penalty"]) == (0, 0.0, 1.0)   # vLLM's neutral values
     sp = _sent(svc, _chat(svc, max_tokens=2, temperature=0.0)).sampling
     assert sp["temperature"] == 0.0 and sp["top_p"] == 0.9
-    sp = _sent(svc, _chat(svc, max_tokens=2, top_p=1.0, temperature=1.0)).sampling
-    assert sp["temperature"] == 1.0 and sp["top_p"] == 1.0
+    sp = _sent(svc, _chat(svc, max_tokens=2, top_p=1.0, temperature=1.0, frequency_penalty=0.0)).sampling
+    assert sp["temperature"] == 1.0 and sp["top_p"] == 1.0 and sp["frequency_penalty"] == 0.0
     sp = _sent(svc, _c(svc).post("/v1/completions", json={"prompt": "chest pain", "max_tokens": 2})).sampling
     assert {k: sp[k] for k in CARD_DEFAULTS} == CARD_DEFAULTS
+
+
+def test_a_chat_without_a_system_turn_gets_the_brief_dispatch_one_and_a_clients_own_wins(svc):
+    from serving.model_prep import DEFAULT_SYSTEM_PROMPT
+
+    r = _chat(svc, "write a long story about a dog", max_tokens=2)
+    prompt = _sent(svc, r).prompt
+    assert DEFAULT_SYSTEM_PROMPT in prompt and prompt.index(DEFAULT_SYSTEM_PROMPT) < prompt.index("a long story")
+    alone = _c(svc).post("/v1/triage", json={"text": "write a long story about a dog"}).json()
+    assert r.json()["triage"]["level"] == alone["level"]   # the system turn is the model's, not the classifier's input
+    own = _c(svc).post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": "You are a poet."}, {"role": "user", "content": "my knee hurts"}]})
+    prompt = _sent(svc, own).prompt
+    assert "You are a poet." in prompt and DEFAULT_SYSTEM_PROMPT not in prompt
 
 
 def test_model_prep_writes_generation_defaults_idempotently(tmp_path):

@@ -156,7 +156,8 @@ def evaluate_urgency(dataset: str, predict_levels) -> dict:
 def evaluate_length(clf, split: str = "test") -> dict:
     """The length head (`clf`, a loaded `Classifier` of kind "length") on a corpus split.
 
-    accuracy / within_one: bucket argmax exact / off by at most one bucket;
+    accuracy / within_one: the reported bucket (least expected cost, `ordinal_bucket`) exact /
+    off by at most one bucket;
     majority_baseline: accuracy of always answering the split's most common bucket (the
     stricter form: the training split's majority bucket does no better);
     mae_tokens: mean |estimate - true output tokens| of the estimate the service uses
@@ -165,7 +166,7 @@ def evaluate_length(clf, split: str = "test") -> dict:
     capped_fraction: share of the split's labels that hit the generation cap;
     label_sampling: how the labels were generated (the label file's sidecar)."""
     from predictors.metrics import bucket_report
-    from predictors.model import bucket_of
+    from predictors.model import bucket_of, ordinal_bucket
 
     meta = clf.meta
     labels = load_length_label_rows()
@@ -174,7 +175,7 @@ def evaluate_length(clf, split: str = "test") -> dict:
     tokens = np.array([int(labels[r["id"]]["output_tokens"]) for r in rows], dtype=float)
     gold = np.array([bucket_of(t, meta.bucket_edges) for t in tokens], dtype=int)
     probs = clf.probs([r["text"] for r in rows])
-    pred = probs.argmax(1)
+    pred = ordinal_bucket(probs, meta.far_cost)   # the bucket the service reports (train.choose_far_cost)
     n_buckets = len(meta.labels)
     rep = bucket_report(list(gold), list(pred), n_buckets)
     est = probs @ np.asarray(meta.bucket_tokens, dtype=float)

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from predictors.corpus import corpus_path, load_corpus
+from serving.model_prep import DEFAULT_SYSTEM_PROMPT, chat_messages
 from triage.paths import state_dir
 
 DEFAULT_OUT = corpus_path().parent / "length_labels.jsonl"
@@ -80,7 +81,9 @@ def _done_ids(out: Path) -> set[str]:
 
 
 def _prompts(tokenizer, texts: list[str]) -> list[str]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True) for t in texts]
+    """Each text as the service renders a chat that brings no system turn of its own."""
+    return [tokenizer.apply_chat_template(chat_messages([{"role": "user", "content": t}]), tokenize=False,
+                                          add_generation_prompt=True) for t in texts]
 
 
 def run_vllm(model_dir: Path, rows: list[dict], out: Path, chunk: int, max_tokens: int, sampling: dict,
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     defaults = served_defaults(model_dir)
     if not defaults:
         sys.exit(f"{model_dir}/generation_config.json sets no sampling defaults: run `triage models prepare` first")
-    sampling = {**defaults, **RUN, "max_tokens": args.max_tokens,
+    sampling = {**defaults, **RUN, "max_tokens": args.max_tokens, "system_prompt": DEFAULT_SYSTEM_PROMPT,
                 **({} if args.backend == "vllm" else {"engine": "transformers"})}
     done = _done_ids(args.out)
     old = read_label_meta(args.out)

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 META_FILE = "triage_meta.json"
 MAX_CHARS = 4000  # text beyond this cannot reach max_length tokens anyway; cut before tokenising
-DEFAULT_LENGTH_EDGES = (64, 128, 256, 512)  # 5 buckets: <64, 64-127, 128-255, 256-511, >=512 (the generation cap)
+DEFAULT_LENGTH_EDGES = "q3"  # 3 buckets of equal mass at the training labels' terciles (train.parse_edges)
 
 
 def predictors_dir() -> Path:
@@ -47,6 +47,7 @@ class ClassifierMeta:
     escalate_below: float | None = None  # urgency: raise the level when P(level 1-2) >= this
     bucket_edges: list[int] = field(default_factory=list)  # length: token edges between buckets
     bucket_tokens: list[int] = field(default_factory=list)  # length: median tokens per bucket (the estimate)
+    far_cost: float = 1.0  # length: the cost of a bucket two or more away, against 1 for an adjacent one (`ordinal_bucket`)
     train_info: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
 
@@ -61,6 +62,18 @@ class ClassifierMeta:
 def bucket_of(tokens: int, edges) -> int:
     """Index of the bucket holding `tokens` (edges are the lower bounds of buckets 1..n)."""
     return int(np.searchsorted(np.asarray(edges), tokens, side="right"))
+
+
+def ordinal_bucket(probs: np.ndarray, far_cost: float = 1.0) -> np.ndarray:
+    """The bucket(s) of least expected cost under `probs` (rows: texts, columns: buckets
+    shortest first), where a wrong bucket costs 1 when adjacent to the true one and
+    `far_cost` when farther. `far_cost` 1 is the argmax (every error alike); above 1 the
+    decision leans towards the middle when the head is unsure between the extremes."""
+    p = np.atleast_2d(np.asarray(probs, dtype=float))
+    k = p.shape[-1]
+    d = np.abs(np.subtract.outer(np.arange(k), np.arange(k)))
+    cost = np.where(d == 0, 0.0, np.where(d == 1, 1.0, float(far_cost)))
+    return (p @ cost).argmin(axis=-1)
 
 
 def clean_text(text: str) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from predictors.embedding import PooledHead
-from predictors.model import Classifier, default_model_dir, shares_encoder, softmax
+from predictors.model import Classifier, default_model_dir, ordinal_bucket, shares_encoder, softmax
 from predictors.site_features import site_features
 from predictors.site_slot import SiteSlot
 from predictors.urgency import decide
@@ -98,10 +98,10 @@ class Predictor:
         levels, version, shadow, _ = self.site.apply(feats, [d.level for d in decisions])
         out = []
         tokens = self.length.meta.bucket_tokens
+        buckets = ordinal_bucket(lp, self.length.meta.far_cost)
         for i, (p, q, d) in enumerate(zip(up, lp, decisions)):
-            b = int(np.argmax(q))
-            # the expectation, not the argmax bucket's median: with two thirds of the answers
-            # at the cap the argmax is nearly always the cap, and the scheduler wants a mean
+            b = int(buckets[i])
+            # the scheduler gets the expectation, not the chosen bucket's median: it wants a mean
             est = int(round(float(np.dot(q, tokens))))
             reasons = d.reasons if version is None else (*d.reasons, f"site_adapter:v{version}")
             out.append(Prediction(int(levels[i]), d.predicted_level, tuple(float(x) for x in p), b, max(1, est), reasons,

@@ -20,7 +20,8 @@ from predictors.calibration import expected_calibration_error, fit_temperature
 from predictors.corpus import corpus_path, length_labels_meta, length_labels_path, load_corpus, load_length_label_rows, load_length_labels
 from predictors.encoder import resolve_encoder
 from predictors.metrics import bucket_report, urgency_report
-from predictors.model import DEFAULT_LENGTH_EDGES, META_FILE, ClassifierMeta, ModelMissing, bucket_of, default_model_dir, softmax
+from predictors.model import (DEFAULT_LENGTH_EDGES, META_FILE, ClassifierMeta, ModelMissing, bucket_of, default_model_dir,
+                             ordinal_bucket, softmax)
 from predictors.urgency import choose_escalate_below, decide_many
 
 # progress(phase, done, total): the CLI draws bars from it; phase in {"epoch <i>", "calibrate"}
@@ -331,6 +332,24 @@ def train_urgency(out_dir: Path | None = None, cfg: TrainConfig | None = None, e
     return meta
 
 
+WITHIN_ONE_TARGET = 0.90   # the share of answers whose bucket the head must get right or adjacent
+FAR_COSTS = tuple(round(1.0 + 0.05 * i, 2) for i in range(61))   # 1.0 (the argmax) .. 4.0
+
+
+def choose_far_cost(probs: np.ndarray, gold: np.ndarray, target: float = WITHIN_ONE_TARGET) -> float:
+    """The cost of a far miss for `ordinal_bucket`, chosen on the validation split: the
+    smallest in `FAR_COSTS` (so the most argmax-like, the most exact) whose within-one
+    share reaches `target`; without one, the one with the highest within-one share."""
+    best, best_w = FAR_COSTS[0], -1.0
+    for c in FAR_COSTS:
+        w = float((np.abs(ordinal_bucket(probs, c) - gold) <= 1).mean()) if len(gold) else 1.0
+        if w >= target:
+            return c
+        if w > best_w:
+            best, best_w = c, w
+    return best
+
+
 def quantile_edges(tokens, k: int) -> list[int]:
     """Edges for `k` buckets of about equal mass: the i/k quantiles (i = 1..k-1) of the
     output lengths, rounded to whole tokens (duplicates dropped: ties at the cap)."""
@@ -394,7 +413,10 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
         progress("calibrate", 0, 1)
     va_logits = _logits(tok, model, [r["text"] for r in va], cfg.max_length)
     temperature = fit_temperature(va_logits, np.asarray(yva))
-    te_pred = _logits(tok, model, [r["text"] for r in te], cfg.max_length).argmax(1) if te else np.zeros(0, int)
+    va_probs = softmax(va_logits, temperature)
+    far_cost = choose_far_cost(va_probs, np.asarray(yva))
+    te_pred = (ordinal_bucket(softmax(_logits(tok, model, [r["text"] for r in te], cfg.max_length), temperature), far_cost)
+               if te else np.zeros(0, int))
     tokens_tr = np.array([labels[r["id"]] for r in tr])
     btr = np.array(ytr)
     bucket_tokens = [int(np.median(tokens_tr[btr == b])) if (btr == b).any() else int((([0] + edges)[b] + (edges + [edges[-1] * 2])[b]) / 2)
@@ -404,7 +426,8 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
     capped_all = round(float(np.mean([r["finish_reason"] == "length" for r in label_rows.values()])), 4)
     capped_train = round(float(np.mean([label_rows[r["id"]]["finish_reason"] == "length" for r in tr])), 4)
     metrics = {
-        "validation": bucket_report(yva, list(va_logits.argmax(1)), n),
+        "validation": bucket_report(yva, list(ordinal_bucket(va_probs, far_cost)), n),
+        "validation_argmax": bucket_report(yva, list(va_logits.argmax(1)), n),
         "test": bucket_report(yte, list(te_pred), n),
         "test_majority_baseline": bucket_report(yte, [majority] * len(yte), n),
         "train_bucket_counts": np.bincount(btr, minlength=n).tolist(),
@@ -412,7 +435,7 @@ def train_length(out_dir: Path | None = None, cfg: TrainConfig | None = None, ba
     if progress:
         progress("calibrate", 1, 1)
     meta = ClassifierMeta(kind="length", labels=list(range(n)), encoder=base_meta.encoder, max_length=cfg.max_length,
-                          temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens,
+                          temperature=temperature, bucket_edges=edges, bucket_tokens=bucket_tokens, far_cost=far_cost,
                           train_info={**cfg.__dict__, "recipe": RECIPE, "n_train": len(tr), "train_seconds": round(train_s, 1),
                                       "corpus_sha256_16": _sha(corpus_path()), "labels_sha256_16": _sha(length_labels_path()),
                                       "label_sampling": label_meta.get("label_sampling"), "capped_fraction": capped_all,

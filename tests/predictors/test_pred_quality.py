@@ -17,14 +17,27 @@ def test_corpus_test_level1_recall_and_under_triage(shipped):
     assert rep["accuracy"] >= 0.80
 
 
+def test_length_head_predicts_the_served_answers(shipped):
+    """Labels made at the served defaults (brief system turn, frequency penalty) rarely hit
+    the cap, and the head's reported bucket beats always answering the most common one.
+    Issue 14's bars are accuracy >= 1.3x majority, within one >= 0.90, capped <= 0.10; the
+    shipped head measured 1.34x / 0.929 / 0.005 (docs/predictors.md); the guard here leaves
+    room for a retrain's seed-to-seed spread."""
+    from predictors.evaluate import evaluate_length
+
+    r = evaluate_length(shipped.length)
+    assert r["capped_fraction"] <= 0.10
+    assert r["accuracy"] >= 1.2 * r["majority_baseline"]
+    assert r["within_one"] >= 0.88
+    assert r["label_sampling"]["system_prompt"] and r["label_sampling"]["frequency_penalty"] > 0
+
+
 def test_length_estimate_is_never_worse_than_no_prediction(shipped):
-    """The served model's output length is barely predictable from the prompt (SmolLM2 at
-    temperature 1.0: two thirds of the answers run to the cap, docs/predictors.md). What a
-    scheduler must be able to rely on is that the length head does not make things worse
-    than knowing only the training distribution: on the test split its calibrated
-    probabilities are no worse than the training prior (log-loss, 0.05 nats of slack) and
-    its expected-token estimate no worse than the training mean (RMSE, 5 %). An overfit
-    head (20 epochs without epoch selection) failed the first: +0.08 nats."""
+    """What a scheduler must be able to rely on is that the length head does not make
+    things worse than knowing only the training distribution: on the test split its
+    calibrated probabilities are no worse than the training prior (log-loss, 0.05 nats of
+    slack) and its expected-token estimate no worse than the training mean (RMSE, 5 %).
+    An overfit head (20 epochs without epoch selection) failed the first: +0.08 nats."""
     import numpy as np
 
     from predictors.corpus import load_corpus, load_length_labels

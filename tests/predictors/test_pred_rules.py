@@ -191,6 +191,25 @@ def test_bucket_report_and_bucket_of():
     assert r["accuracy"] == 0.5 and r["within_one_bucket"] == 0.75
 
 
+def test_ordinal_bucket_leans_to_the_middle_only_as_far_misses_cost_more():
+    import numpy as np
+
+    from predictors.model import ordinal_bucket
+    from predictors.train import choose_far_cost
+
+    torn = [0.45, 0.1, 0.45 - 1e-9]          # unsure between the shortest and the longest bucket
+    assert ordinal_bucket(torn, 1.0).tolist() == [0]                  # far_cost 1: the argmax
+    assert ordinal_bucket(torn, 2.0).tolist() == [1]                  # the middle is a safer bet (0.9 < 1.0)
+    sure = [0.8, 0.15, 0.05]
+    assert ordinal_bucket(sure, 4.0).tolist() == [0]                  # a confident head is not overruled
+    gold = np.array([0, 2, 0, 2])
+    probs = np.array([[0.45, 0.1, 0.45]] * 4) + np.array([[0.01, 0, -0.01], [-0.01, 0, 0.01]] * 2)
+    assert choose_far_cost(probs, gold, target=0.5) == 1.0            # the argmax already has 4/4 exact
+    probs = probs[:, ::-1]                                            # now the argmax is always two buckets off
+    c = choose_far_cost(probs, gold, target=0.9)
+    assert c > 1.0 and (abs(ordinal_bucket(probs, c) - gold) <= 1).all()
+
+
 def test_semigran_mapping():
     r = semigran_report(["em", "em", "ne", "ne", "sc"], [2, 3, 4, 5, 5])
     assert r["accuracy"] == pytest.approx(3 / 5)

@@ -249,6 +249,23 @@ def test_deadline_eviction_displaces_only_when_the_natural_seat_is_too_late():
     assert [x.request_id for x in p.preemptions] == ["long"] and "three" in p.tokens
 
 
+def test_a_step_that_ends_with_an_esi1_first_token_carries_no_other_prefill():
+    """short_first_step: the step in which a level-1 prompt completes runs it and the running
+    decodes only, so its first token does not wait for other prompts to fill the step; the
+    level-3 prompt runs the step after. Turned off, the level-3 prompt shares the step."""
+    st = make_state(max_seqs=8)
+    make_running(st, level=5, rid="dec")
+    make_request(st, level=1, prompt=40, arrival=0.9, rid="crit")
+    make_request(st, level=3, prompt=200, arrival=0.5, rid="three")
+    p = plan("triage", st, **LIVE)
+    assert set(p.tokens) == {"dec", "crit"} and p.tokens["crit"] == 40
+    assert set(plan("triage", st, short_first_step=False, **LIVE).tokens) == {"dec", "crit", "three"}
+    st = make_state(max_seqs=8)                               # no urgent prompt: the step is filled as before
+    make_running(st, level=5, rid="dec")
+    make_request(st, level=3, prompt=200, arrival=0.5, rid="three")
+    assert set(plan("triage", st, **LIVE).tokens) == {"dec", "three"}
+
+
 @pytest.mark.parametrize("kw", [dict(order="x"), dict(max_step_s=0), dict(max_preemptions=-1), dict(evict_for="x"),
                                 dict(evict_for="deadline", order="slide")])
 def test_triage_refuses_bad_parameters(kw):

@@ -40,7 +40,11 @@ docs/preemption.md): strict urgency with decode-first batching:
        docs/preemption.md, trace replay);
     2. batch: protected requests; every running decode (cheap, keeps the seats
        productive); then the rest by level, a preempted request first within its level,
-       then remain.
+       then remain. With `short_first_step` (default), a step in which a protected
+       request's prompt completes (its first token is emitted when the step ends) takes
+       nothing after the running decodes: the protected request's first token does not
+       wait for other requests' prefill chunks to fill the step (they run one step later;
+       the cost is one step's fixed time per protected arrival).
 Both modes: `max_step_s` caps a step (never below the running decodes plus half of it
 for prefill; a protected request always gets its seat), so a newly arrived urgent
 request waits at most one short step for the engine (the step boundary is our
@@ -61,8 +65,11 @@ class Triage(SlideBatching):
     def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1, protect_level: int = 1,
                  stage_aware: bool = True, evict: bool = True, smooth: bool = True,
                  evict_for: str = "protected", safety: float = 1.0, order: str = "slide",
-                 max_step_s: float | None = None, max_preemptions: int = 2) -> None:
+                 max_step_s: float | None = None, max_preemptions: int = 2, short_first_step: bool = True) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
+        # order="level": a step that ends with a protected request's first token carries no
+        # prefill of a lower group (module docstring, 2.)
+        self.short_first_step = short_first_step
         if safety < 1.0:
             raise ValueError("safety must be >= 1 (the factor a real step may exceed its prediction by)")
         self.safety = safety
@@ -182,8 +189,9 @@ class Triage(SlideBatching):
             decode_step = q.t_c + float(q.exec[decode].sum())
             self._evict_for_waiting(view, q, b, order.tolist(), t_budget - decode_step, decode_step)
         kv_victims: list | None = None
+        token_due = False   # a protected request's prompt completes in this step
         for i in order.tolist():
-            if b.full:
+            if b.full or (token_due and group[i] == 2):
                 break
             r = reqs[i]
             if b.is_preempted(r):
@@ -197,6 +205,8 @@ class Triage(SlideBatching):
                 kv_victims = kv_victims if kv_victims is not None else self._eviction_order(view, q, bounded=False)
                 if b.make_room(r, kv_victims, keep=lambda v: keep_tokens_for(view, v)):
                     b.add(r)
+            if self.short_first_step and protected[i] and r.need > 1 and b.tokens.get(r.id, 0) == r.need:
+                token_due = True   # (granted here or by the eviction pass)
         ensure_progress(b, q, order, t_budget)
         return b.build()
 

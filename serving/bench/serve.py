@@ -75,11 +75,40 @@ def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, p
             results.extend(res)
         cpu1 = cpu_seconds(srv.proc.pid)
     out = summarize(results, walls, _classes())
+    if name == "triage":
+        out["esi1_caught_split"] = esi1_time_split(results, f"sqlite:///{workdir / name / 'audit.db'}")
     out["idle_ttft_ms"] = round(1000 * floor, 1)
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
     out["cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0.0), 1) for k in cpu1}
     return out, results
+
+
+def esi1_time_split(results: list[Result], db_url: str) -> dict:
+    """Where a caught ESI-1 call's first token time goes, from our service's audit rows
+    (server clock): `front_ms` = arrival to hand-over to the engine (reading the call,
+    classifying it, the front-end queue); `engine_ms` = hand-over to first token (waiting
+    for a seat or a step, the prefill, the first decode). The client's TTFT adds HTTP."""
+    from sqlalchemy import select
+
+    from serving.db.models import RequestRow
+    from serving.db.session import make_engine
+
+    ids = [r.request_id for r in results if r.call.gold == 1 and r.level == 1 and r.ok and r.request_id]
+    if not ids:
+        return {"n": 0}
+    eng = make_engine(db_url)
+    try:
+        with eng.connect() as c:
+            rows = c.execute(select(RequestRow.arrival, RequestRow.dispatched, RequestRow.first_token)
+                             .where(RequestRow.id.in_(ids))).all()
+    finally:
+        eng.dispose()
+    front = [1000 * (d - a) for a, d, f in rows if d is not None and f is not None]
+    engine = [1000 * (f - d) for a, d, f in rows if d is not None and f is not None]
+    pct = lambda xs, q: round(float(np.percentile(xs, q)), 1) if xs else None  # noqa: E731
+    return {"n": len(front), "front_ms_p50": pct(front, 50), "front_ms_p99": pct(front, 99),
+            "engine_ms_p50": pct(engine, 50), "engine_ms_p99": pct(engine, 99)}
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:

@@ -120,6 +120,11 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
     for name, s in out["systems"].items():
         assert s["completed"] == 20 and s["errors"] == 0, (name, s["error_examples"])
         assert s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
+    # where our caught ESI-1 calls spend their first-token time, from the service's own audit rows
+    split, caught = out["systems"]["triage"]["esi1_caught_split"], out["systems"]["triage"]["esi1_caught"]
+    assert split["n"] == caught["n"]
+    if split["n"]:
+        assert 0 <= split["front_ms_p50"] and 0 < split["engine_ms_p50"] < caught["ttft_max_ms"]
     assert (tmp_path / "cdf.png").stat().st_size > 10_000
     assert port_free(port), "the servers the benchmark started are stopped"
 

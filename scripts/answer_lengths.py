@@ -10,8 +10,14 @@ split and over its dispatch texts alone. `--set KEY=VALUE` tries a candidate def
 top of the model's (e.g. `--set repetition_penalty=1.1`) before it is written into
 generation_config.json; the JSON says which were set.
 
+`--url URL --key KEY` measures the same through a running service's API instead: each
+text is posted as a chat completion that carries the user message and nothing else (no
+sampling field, no max_tokens, no system turn), as a client that sets nothing would, and
+the answer's length is the response's `usage.completion_tokens`.
+
     nice -n 10 env HF_HUB_OFFLINE=1 .venv/bin/python scripts/answer_lengths.py [--split test] \
         [--corpus data/triage/corpus.jsonl] [--sample N] [--set ''] [--set repetition_penalty=1.1] [--out FILE]
+    .venv/bin/python scripts/answer_lengths.py --url http://127.0.0.1:8000 --key CLIENT_KEY [--split test]
 """
 from __future__ import annotations
 
@@ -25,23 +31,66 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def load_rows(corpus: Path, split: str, sample: int = 0) -> list[dict]:
+    """The corpus rows of `split` (or a seeded sample of `sample` of them)."""
+    import random
+
+    rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == split]
+    return random.Random(0).sample(rows, sample) if sample and sample < len(rows) else rows
+
+
+def summary(sel: list[dict], max_tokens: int) -> dict:
+    import numpy as np
+
+    n = np.array([x["output_tokens"] for x in sel])
+    return {"texts": len(n), "median": float(np.median(n)), "p90": float(np.percentile(n, 90)),
+            "mean": round(float(n.mean()), 1), "hit_cap": round(float((n >= max_tokens).mean()), 4)}
+
+
+async def run_api(url: str, key: str, rows: list[dict], concurrency: int, out: Path | None,
+                  max_tokens: int) -> dict:
+    """Every row's text through the service's /v1/chat/completions, setting nothing but
+    the user message; `max_tokens` is only the cap the service applies (for hit_cap)."""
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    results: list[dict] = []
+    t0 = time.time()
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600) as c:
+        model = (await c.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
+
+        async def one(r: dict) -> None:
+            async with sem:
+                resp = await c.post("/v1/chat/completions",
+                                    json={"model": model, "messages": [{"role": "user", "content": r["text"]}]})
+            resp.raise_for_status()
+            body = resp.json()
+            results.append({"id": r["id"], "kind": r.get("kind", "dispatch"),
+                            "output_tokens": body["usage"]["completion_tokens"],
+                            "finish_reason": body["choices"][0]["finish_reason"]})
+            if len(results) % 50 == 0:
+                print(f"{len(results)}/{len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
+
+        await asyncio.gather(*(one(r) for r in rows))
+    if out is not None:
+        out.write_text("".join(json.dumps(x) + "\n" for x in results), encoding="utf-8")
+    return {"url": url, "model": model, "request_fields": ["model", "messages"], "split": rows[0]["split"] if rows else None,
+            "max_tokens_of_service": max_tokens, **summary(results, max_tokens),
+            "dispatch": summary([x for x in results if x["kind"] == "dispatch"], max_tokens),
+            "seconds": round(time.time() - t0, 1)}
+
+
 async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: Path | None,
               configs: list[dict], sample: int = 0, systems: list[str | None] = (None,)) -> list[dict]:
     """One engine; the split's texts (or a seeded sample of `sample` of them) once per
     (system prompt, configuration) pair: `configs` are overrides on top of the model's
     defaults ({} = the defaults); a system prompt of None is the service's default
     (`serving.model_prep.DEFAULT_SYSTEM_PROMPT`), "" none at all."""
-    import random
-
-    import numpy as np
-
     from serving.engine import EngineConfig, TriageEngine
     from serving.model_prep import DEFAULT_SYSTEM_PROMPT, chat_messages
 
-    rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if r["split"] == split]
-    if sample and sample < len(rows):
-        rows = random.Random(0).sample(rows, sample)
+    rows = load_rows(corpus, split, sample)
     engine = TriageEngine(EngineConfig(max_num_seqs=concurrency))
     await engine.start()
     model_defaults = engine.generation_defaults
@@ -77,15 +126,11 @@ async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: 
 
             await asyncio.gather(*(one(r) for r in rows))
 
-            def summary(sel: list[dict]) -> dict:
-                n = np.array([x["output_tokens"] for x in sel])
-                return {"texts": len(n), "median": float(np.median(n)), "p90": float(np.percentile(n, 90)),
-                        "mean": round(float(n.mean()), 1), "hit_cap": round(float((n >= max_tokens).mean()), 4)}
-
             reports.append({"corpus": str(corpus), "split": split, "sample": sample or None,
                             "model_defaults": model_defaults, "overrides": overrides, "system_prompt": system,
                             "max_tokens": max_tokens,
-                            **summary(results), "dispatch": summary([x for x in results if x["kind"] == "dispatch"]),
+                            **summary(results, max_tokens),
+                            "dispatch": summary([x for x in results if x["kind"] == "dispatch"], max_tokens),
                             "seconds": round(time.time() - t0, 1)})
             print(json.dumps(reports[-1]), file=sys.stderr)
     finally:
@@ -109,7 +154,17 @@ def main() -> None:
                     help="a system prompt to try (repeatable, each a separate pass; '' = none); default: the "
                          "service's default system prompt")
     ap.add_argument("--sample", type=int, default=0, help="a seeded sample of N texts of the split (0 = all)")
+    ap.add_argument("--url", default=None, help="measure through this running service's API instead of an engine")
+    ap.add_argument("--key", default=None, help="--url: a client API key")
     a = ap.parse_args()
+    if a.url:
+        if not a.key:
+            ap.error("--url needs --key (a client key: `triage keys create --role client`)")
+        if a.configs or a.systems:
+            ap.error("--url measures what the service does for a client that sets nothing: no --set/--system")
+        print(json.dumps(asyncio.run(run_api(a.url, a.key, load_rows(a.corpus, a.split, a.sample), a.concurrency,
+                                             a.out, a.max_tokens))))
+        return
     configs = []
     for spec in a.configs or [""]:
         cfg = {}

@@ -9,7 +9,7 @@ import typer
 
 from serving.cli.apps import bench_app
 from serving.cli.progress import progress_bar
-from serving.cli.sim_cmds import DEFAULT_TRACE, TPOT_HELP, TRUTH_HELP, _floats, _run_sim
+from serving.cli.sim_cmds import DEFAULT_TRACE, TPOT_HELP, TRUTH_HELP, _floats, _parse_params, _run_sim
 
 
 @bench_app.command("error-rate")
@@ -25,12 +25,13 @@ def bench_error_rate(
     lengths: Annotated[str, typer.Option(help="Lengths the scheduler sees: oracle, noisy:E (predicted needs texts)")] = "oracle",
     tpot_metric: Annotated[str, typer.Option(help=TPOT_HELP)] = "mean",
     truth: Annotated[str, typer.Option(help=TRUTH_HELP)] = "auto",
+    param: Annotated[list[str], typer.Option(help="A parameter of the triage policy, KEY=VALUE (repeatable), e.g. protected_pace=0.25")] = [],
     plot: Annotated[Optional[Path], typer.Option(help="PNG: ESI-1 normalized wait and SLO attainment against E")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report as the last line")] = False,
 ) -> None:
     """ESI-1 normalized waiting time and SLO attainment (by gold level) per policy as the
     scheduler's levels get noisier (simulation results)."""
-    from triage.policies import POLICIES
+    from triage.policies import POLICIES, make_policy
     from triage.sim.error_rate import error_rate_study, plot_error_rate
     from triage.sim.inputs import parse_mode
     from triage.sim.metrics import check_tpot_metric
@@ -52,6 +53,11 @@ def bench_error_rate(
         raise typer.BadParameter(str(e)) from None
     if ln.kind == "predicted":
         raise typer.BadParameter("--lengths predicted is not part of this study; use oracle or noisy:E")
+    triage_params = _parse_params(param)
+    try:
+        make_policy("triage", **triage_params)
+    except (TypeError, ValueError) as e:
+        raise typer.BadParameter(f"bad triage parameter: {e}", param_hint="--param") from None
     if truth not in TRUTHS:
         raise typer.BadParameter(f"unknown --truth {truth!r}; use one of {', '.join(TRUTHS)}")
     pool = None
@@ -63,7 +69,9 @@ def bench_error_rate(
     with progress_bar("bench error-rate", total=total) as advance:
         out = _run_sim(lambda: error_rate_study(trace, es, policies=names, rate_scale=rate_scale, limit=limit, seed=seed,
                                                 profile=profile or None, predicted_pool=pool, lengths=str(ln),
-                                                tpot_metric=tpot_metric, truth=truth, progress=advance))
+                                                tpot_metric=tpot_metric, truth=truth,
+                                                params={"triage": triage_params} if triage_params else None,
+                                                progress=advance))
     out["simulated"] = True
     if plot:
         plot_error_rate(out, plot)

@@ -112,6 +112,18 @@ def test_bench_error_rate_json_rows_and_plot(tmp_path):
     assert bad.exit_code != 0 and "--rates" in bad.output
     bad = runner.invoke(app, ["bench", "error-rate", "--policies", "triage,nope", "--predicted-texts", "none"])
     assert bad.exit_code != 0 and "unknown policies" in bad.output
+    for p in ("protected_pace=2", "no_such_knob=1"):
+        bad = runner.invoke(app, ["bench", "error-rate", "--param", p, "--predicted-texts", "none"])
+        assert bad.exit_code == 2 and "bad triage parameter" in bad.output, bad.output
+
+
+def test_bench_error_rate_param_reaches_the_triage_policy_only(tmp_path):
+    args = ["bench", "error-rate", "--trace", str(_tiny_trace(tmp_path)), "--rates", "0", "--policies", "triage,fcfs",
+            "--rate-scale", "2", "--predicted-texts", "none", "--json"]
+    plain = _last_json(runner.invoke(app, args))
+    paced = _last_json(runner.invoke(app, args + ["--param", "protected_pace=0.25"]))
+    assert paced["params"] == {"triage": {"protected_pace": 0.25}} and plain["params"] == {}
+    assert paced["rows"][1] == plain["rows"][1]                    # fcfs untouched
 
 
 def test_bench_policies_takes_the_scheduler_inputs(tmp_path):

@@ -139,6 +139,14 @@ def test_triage_keeps_steps_short_while_a_level1_request_decodes():
     assert guarded.predicted_s <= 0.1 / 2.0 + 1e-9
     with pytest.raises(ValueError, match="safety"):
         plan("triage", build(1), safety=0.5)
+    # protected_pace 0.25: the step is planned for a quarter of the TPOT SLO (0.025 s), not
+    # the 0.1 s gap, so the ESI-1 answer streams faster than its SLO; the prompt still moves
+    paced = plan("triage", build(1), now=0.1, eta=0.3, protected_pace=0.25)
+    at_slo = plan("triage", build(1), now=0.1, eta=0.3)
+    assert paced.tokens["dec"] == 1 and 0 < paced.tokens["long"] < at_slo.tokens["long"]
+    assert paced.predicted_s <= 0.025 + 1e-9 < at_slo.predicted_s
+    with pytest.raises(ValueError, match="protected_pace"):
+        plan("triage", build(1), protected_pace=0)
 
 
 def test_slidebatching_urgent_requests_go_by_density():

@@ -45,6 +45,7 @@ class QueueMetrics:
         if smooth:  # also keep every gap under TPOT: min(envelope, last token + TPOT_slo)
             deadline = np.fmin(deadline, cat["last_token"] + cat["tpot"])
         self.level = cat["level"]
+        self.tpot = cat["tpot"]
         self.seq = cat["seq"]
         self.need = cat["need"]
         self.remain = deadline - now

@@ -38,11 +38,12 @@ def _setup(profile: str | None):
 def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, seed: int, prof, classes,
             instances: int = 1, router: str = "round_robin", pd=None, levels: str = "oracle",
             lengths: str = "oracle", pool: TextPool | None = None, tpot_metric: str = "mean",
-            truth: str = "auto", rate: float | None = None) -> dict:
+            truth: str = "auto", rate: float | None = None, params: dict | None = None) -> dict:
+    """One simulation; `params` override the profile's parameters of `policy`."""
     trace = resolve_trace(trace_path, rate=rate, limit=limit, rate_scale=rate_scale, seed=seed,
                           max_len=prof.max_request_tokens)
     trace, info = apply_inputs(trace, levels=levels, lengths=lengths, pool=pool, seed=seed)
-    params = prof.policy_params(policy)
+    params = {**prof.policy_params(policy), **(params or {})}
     res = simulate_cluster(trace, lambda: make_policy(policy, **params), prof, classes, instances=instances,
                            router=router, pd=pd, seed=seed, truth=truth)
     if not res.requests:

@@ -36,30 +36,34 @@ def _row(r: dict, policy: str, rate: float, levels: str) -> dict:
 def error_rate_study(trace_path: str | Path, rates: Sequence[float], *, policies: Sequence[str] = STUDY_POLICIES,
                      rate_scale: float = 0.1, limit: int | None = 4000, seed: int = 0, profile: str | None = None,
                      predicted_pool: TextPool | None = None, lengths: str = "oracle", tpot_metric: str = "mean",
-                     truth: str = "auto", progress: Callable[[int], None] | None = None) -> dict:
+                     truth: str = "auto", params: dict[str, dict] | None = None,
+                     progress: Callable[[int], None] | None = None) -> dict:
+    """`params`: policy name -> parameters that override the profile's (e.g. triage's
+    protected_pace); recorded in the output."""
     bad = [e for e in rates if not 0.0 <= float(e) <= 1.0]
     if bad or not rates:
         raise ValueError(f"error rates must lie in [0, 1], got {list(rates)}")
     prof, classes = _setup(profile)
+    params = params or {}
     rows: list[dict] = []
     common = dict(limit=limit, seed=seed, prof=prof, classes=classes, lengths=lengths, tpot_metric=tpot_metric,
                   truth=truth)
     for e in rates:
         for p in policies:
-            r = run_one(trace_path, p, rate_scale, levels=f"noisy:{float(e)}", **common)
+            r = run_one(trace_path, p, rate_scale, levels=f"noisy:{float(e)}", params=params.get(p), **common)
             rows.append(_row(r, p, float(e), f"noisy:{float(e):g}"))
             if progress:
                 progress(len(rows))
     if predicted_pool is not None:
         for p in policies:
-            r = run_one(trace_path, p, rate_scale, levels="predicted", pool=predicted_pool, **common)
+            r = run_one(trace_path, p, rate_scale, levels="predicted", pool=predicted_pool, params=params.get(p), **common)
             acc = (r.get("classifier") or {}).get("accuracy")
             rows.append(_row(r, p, 1.0 - acc if acc is not None else float("nan"), "predicted"))
             rows[-1]["texts"] = predicted_pool.name
             if progress:
                 progress(len(rows))
     return {"trace": str(trace_path), "profile": prof.name, "rate_scale": rate_scale, "limit": limit, "seed": seed,
-            "tpot_metric": tpot_metric, "lengths": lengths, "rows": rows}
+            "tpot_metric": tpot_metric, "lengths": lengths, "params": params, "rows": rows}
 
 
 def plot_error_rate(out: dict, path: str | Path) -> Path:

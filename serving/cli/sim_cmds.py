@@ -95,7 +95,7 @@ def simulate(
     requests: Annotated[int, typer.Option(help="burst: calls")] = 98,
     spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call")] = 64,
-    output_tokens: Annotated[int, typer.Option(help="burst: tokens each call really produces (capped by max_tokens)")] = 58,
+    output_tokens: Annotated[int, typer.Option(help="burst: tokens each call really produces (capped by max_tokens); 0 = what the served model answers to each text (its length label; chat prompts run to the cap)")] = 0,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="Engine seats (burst default 32; else the profile's)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="Engine token budget per step (burst default 2048; else the profile's)")] = None,
 ) -> None:
@@ -128,8 +128,8 @@ def simulate(
     classes = load_classes().scaled(prof.slo_scale)
     try:
         if burst:
-            if requests < 1 or spread < 0 or max_tokens < 1 or output_tokens < 1:
-                raise ValueError("--requests, --max-tokens and --output-tokens must be >= 1, --spread >= 0")
+            if requests < 1 or spread < 0 or max_tokens < 1 or output_tokens < 0:
+                raise ValueError("--requests and --max-tokens must be >= 1, --output-tokens and --spread >= 0")
             from serving.cli.sim_inputs import burst_trace
 
             rows, pool, picks, pinfo = burst_trace(texts or "corpus-test", requests, spread, seed=seed,
@@ -205,7 +205,8 @@ def _burst_report(res, prof, classes, policy, inputs, info, n, spread, max_token
     from serving.bench.serve import IDLE_TEXT
     from serving.cli.sim_inputs import prompt_token_counter
 
-    idle = TraceRequest(0.0, prompt_token_counter()(IDLE_TEXT), min(output_tokens, max_tokens), 1, max_tokens=max_tokens)
+    idle = TraceRequest(0.0, prompt_token_counter()(IDLE_TEXT), min(output_tokens or max_tokens, max_tokens), 1,
+                        max_tokens=max_tokens)
     floor = run([idle], make_policy(policy, **prof.policy_params(policy)), prof, classes, seed=seed, truth=inputs.truth)
     system["idle_ttft_ms"] = round(1000 * floor.requests[0].ttft, 1)
     system["classifier"] = info.get("classifier", {})
@@ -216,7 +217,9 @@ def _burst_report(res, prof, classes, policy, inputs, info, n, spread, max_token
             "profile": prof.name, "truth": res.estimator.get("truth"), "tpot_metric": inputs.tpot_metric,
             "engine": {"max_num_seqs": lim.max_num_seqs, "max_num_batched_tokens": lim.max_num_batched_tokens,
                        "max_model_len": lim.max_model_len},
-            "output_tokens_per_call": min(output_tokens, max_tokens), "max_tokens": max_tokens, "seed": seed,
+            "output_tokens_per_call": round(sum(len(r.token_times) for r in res.requests) / max(1, len(res.requests)), 1),
+            "output_tokens": "answers" if output_tokens == 0 else min(output_tokens, max_tokens),
+            "max_tokens": max_tokens, "seed": seed,
             "inputs": info, "systems": {f"sim-{policy}": system}}
 
 

@@ -24,7 +24,10 @@ import typer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-BURST_OUTPUT_TOKENS = 58   # issue 20: every system produced 58.5 tokens a call on average at max_tokens 64
+# 0: each call produces what the served model answers to it (`answer_tokens`); a number:
+# every call produces that many (issue 20's first runs: 58.5 tokens a call at max_tokens 64,
+# before the served system turn and frequency penalty made dispatch answers short)
+BURST_OUTPUT_TOKENS = 0
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -129,11 +132,23 @@ def prompt_token_counter() -> Callable[[str], int]:
     return count
 
 
+def answer_tokens(max_tokens: int) -> Callable[[str], int]:
+    """Text -> the output tokens the served model gives it at the served defaults: a
+    corpus text's length label (`data/triage/length_labels.jsonl`), capped at `max_tokens`;
+    any other text (bench serve's chat prompts) runs to the cap, as they do live."""
+    from predictors.corpus import load_corpus, load_length_labels
+
+    labels = load_length_labels()
+    by_text = {r["text"]: labels[r["id"]] for r in load_corpus() if r["id"] in labels}
+    return lambda text: max(1, min(by_text.get(text, max_tokens), max_tokens))
+
+
 def burst_trace(texts: str, n: int, spread: float, *, seed: int = 0, max_tokens: int = 64,
                 output_tokens: int = BURST_OUTPUT_TOKENS, predict: bool = True,
                 progress: Callable[[str], None] | None = None):
     """The HTTP benchmark's burst as trace rows (gold level, kind, prompt tokens, the
-    real output length `min(output_tokens, max_tokens)`, max_tokens) plus the TextPool
+    real output length: `answer_tokens` when `output_tokens` is 0, else
+    `min(output_tokens, max_tokens)`; max_tokens) plus the TextPool
     of its distinct texts (with predictions) and each row's index into it."""
     from serving.bench.serve import burst_calls
     from serving.bench.texts import PoolError, load_chat, load_pool
@@ -158,8 +173,8 @@ def burst_trace(texts: str, n: int, spread: float, *, seed: int = 0, max_tokens:
         except FileNotFoundError as e:
             fail(str(e))
     pool = TextPool(texts, [gold[t] for t in uniq], [kind[t] for t in uniq], levels, lengths)
-    out = min(output_tokens, max_tokens)
-    rows = [TraceRequest(c.at, tokens[c.text], out, c.gold, text=None, max_tokens=max_tokens, kind=c.kind)
+    out = answer_tokens(max_tokens) if output_tokens == 0 else (lambda _t: min(output_tokens, max_tokens))
+    rows = [TraceRequest(c.at, tokens[c.text], out(c.text), c.gold, text=None, max_tokens=max_tokens, kind=c.kind)
             for c in sorted(calls, key=lambda c: (c.at, c.idx))]
     picks = [index[c.text] for c in sorted(calls, key=lambda c: (c.at, c.idx))]
     return rows, pool, picks, info

@@ -189,5 +189,12 @@ def test_simulated_burst_prints_bench_serve_shape():
     for lv in s["per_level"].values():
         assert {"n", "ttft_p50_ms", "ttft_p99_ms", "ttft_max_ms", "slo_attainment", "tpot_mean_ms"} <= set(lv)
     assert "accuracy" in s["classifier"] and d["truth"]["kind"] == "measured"
+    # by default each call produces what the served model answers it: dispatch texts their
+    # (short) length labels, chat prompts the 64-token cap; --output-tokens N: N each
+    assert d["output_tokens"] == "answers" and 1 < d["output_tokens_per_call"] < 64
+    fixed = _last_json(runner.invoke(app, ["simulate", "--scenario", "burst", "--requests", "20", "--spread", "1",
+                                           "--texts", "corpus-test", "--levels", "noisy:0.2", "--output-tokens", "10",
+                                           "--json"]))
+    assert fixed["output_tokens"] == 10 and fixed["output_tokens_per_call"] == 10
     bad = runner.invoke(app, ["simulate", "--scenario", "burst", "--texts", "nope-pool"])
     assert bad.exit_code != 0 and "unknown --texts" in bad.output

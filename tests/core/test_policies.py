@@ -233,6 +233,11 @@ def test_level_order_runs_every_decode_and_caps_the_step():
     assert p.predicted_s <= 0.1 + 1e-9
     tight = plan("triage", st, now=1.0, eta=5.0, max_step_s=0.001, **LIVE)
     assert all(tight.tokens.get(f"d{i}") == 1 for i in range(4)), "the cap never drops a running decode"
+    # the cap is the profiled machine's time: on a machine the online correction finds 2x
+    # faster (beta 0.5) the same cap allows half the seconds, and about as much work
+    st.estimator.beta = 0.5
+    fast = plan("triage", st, now=1.0, eta=5.0, max_step_s=0.1, **LIVE)
+    assert fast.predicted_s <= 0.05 + 1e-9 and fast.tokens["long2"] == pytest.approx(p.tokens["long2"], rel=0.1)
 
 
 def test_deadline_eviction_displaces_only_when_the_natural_seat_is_too_late():

@@ -51,7 +51,8 @@ docs/preemption.md): strict urgency with decode-first batching:
        nothing after the running decodes: the protected request's first token does not
        wait for other requests' prefill chunks to fill the step (they run one step later;
        the cost is one step's fixed time per protected arrival).
-Both modes: `max_step_s` caps a step (never below the running decodes plus half of it
+Both modes: `max_step_s` caps a step (in the profiled machine's seconds, so x the online
+step-time correction β on this one; never below the running decodes plus half of it
 for prefill; a protected request always gets its seat), so a newly arrived urgent
 request waits at most one short step for the engine (the step boundary is our
 preemption point; FlowPrefill's is an operator, seed 003 §4).
@@ -119,8 +120,12 @@ class Triage(SlideBatching):
             cap = float(np.minimum(q.remain[: q.n_run][decoding], self.protected_pace * tpot).min()) / self.safety
             t_budget = min(t_budget, max(cap, floor))
         if self.max_step_s is not None:  # never below the running decodes plus room for prefill
+            # max_step_s is the profiled machine's time: the online correction β says how
+            # long that is on this one (a machine 3x faster than the profile's gets a 3x
+            # shorter cap, still about two full decode steps)
+            cap = self.max_step_s * view.estimator.beta
             floor = q.t_c + float(q.exec[: q.n_run][decodes].sum()) + 2 * TIME_SLACK
-            t_budget = min(t_budget, max(self.max_step_s, floor + self.max_step_s / 2))
+            t_budget = min(t_budget, max(cap, floor + cap / 2))
         if self.order == "level":
             return self._plan_by_level(view, q, protected, t_budget)
         urgent = (q.remain < self.gamma * q.phi(self.phi, t_budget)) & ~protected

@@ -71,7 +71,7 @@ def bench_cluster(
     bind: Annotated[bool, typer.Option(help="CPU: pin instance i to its own core(s); --no-bind: threads float")] = True,
     max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
     seed: int = 0,
-    nice: Annotated[int, typer.Option(help="run the instances at this nice value (19: leave the CPU to others)")] = 0,
+    nice: Annotated[int, typer.Option(help="run the front end at this nice value and the instances 5 lower in priority (19: leave the CPU to others)")] = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: SLO attainment per gold level per router")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,

@@ -56,15 +56,16 @@ def engine_env(kv_cache_gib: float = 1.0) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
 
 
-def lower_engine_priority(niceness: int) -> list[int]:
-    """Raise the nice value of this process's children (vLLM's EngineCore and workers) by
-    `niceness`. On a CPU shared by engine and service, the service's short bursts of work
-    (tokenising, classifying, streaming) then run first; the engine takes what is left,
-    which is nearly everything. Returns the pids changed."""
+def lower_engine_priority(niceness: int, root: int | None = None) -> list[int]:
+    """Raise the nice value of the children of this process (or of process `root`: a
+    co-located `triage instance`) - vLLM's EngineCore and workers - by `niceness`. On a CPU
+    shared by engine and service, the service's short bursts of work (tokenising,
+    classifying, streaming) then run first; the engine takes what is left, which is nearly
+    everything. Returns the pids changed."""
     import psutil
 
     done = []
-    for p in psutil.Process().children(recursive=True):
+    for p in psutil.Process(root).children(recursive=True):
         try:
             value = min(19, p.nice() + niceness)
             for t in p.threads():   # Linux nice is per thread: the worker's OpenMP threads exist already

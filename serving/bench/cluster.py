@@ -59,11 +59,13 @@ class ClusterPlan:
     eager: bool = False     # --enforce-eager: no torch.compile warm-up (minutes on a busy 2-core machine)
 
 
-# Co-located on one CPU box, the instances run at this much lower priority than the front
-# end, as the single-process service runs its engine (`EngineConfig.engine_nice`): the front
-# end classifies every call before its level is known, in arrival order, so a front end
-# starved by the engines holds an ESI-1 call as long as a chat (measured: 9.4 s median
-# arrival-to-dispatch for every level, 2 instances on 2 cores, docs/deploy.md).
+# Co-located on one CPU box, the instances' engine processes (EngineCore and workers, not
+# their HTTP servers) run at this much lower priority than the front end, as the
+# single-process service runs its engine (`EngineConfig.engine_nice`): the front end
+# classifies every call before its level is known, in arrival order, so a front end starved
+# by the engines holds an ESI-1 call as long as a chat (measured: 9.4 s median arrival-to-
+# dispatch for every level, 2 instances on 2 cores, docs/deploy.md). Niced whole, the
+# instances' HTTP servers missed the front end's connect timeout instead.
 ENGINE_NICE = 5
 
 
@@ -99,7 +101,7 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
     else:
         env = instance_env("nobind", s.kv_cache_gib, threads=max(1, ncpu // plan.instances))
     name = f"instance{i}{'-stock' if stock else ''}"
-    proc = _popen(cmd, env, plan.workdir / f"{name}.log", min(19, plan.nice + ENGINE_NICE))
+    proc = _popen(cmd, env, plan.workdir / f"{name}.log", plan.nice)
     return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")
 
 
@@ -115,6 +117,10 @@ def wait_instance(srv: Server, timeout_s: float = 600.0) -> None:
             r = httpx.post(srv.url + "/v1/completions", timeout=30,
                            json={"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 0})
             if r.status_code == 200:
+                from serving.engine import cpu_only, lower_engine_priority
+
+                if cpu_only():
+                    lower_engine_priority(ENGINE_NICE, srv.proc.pid)
                 return
         except httpx.HTTPError:
             pass
@@ -139,7 +145,7 @@ def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag
     cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]
     log = d / "front.log"
     log.unlink(missing_ok=True)
-    proc = _popen(cmd, env, log, plan.nice)   # ENGINE_NICE above the instances
+    proc = _popen(cmd, env, log, plan.nice)   # as the instances' HTTP servers, ENGINE_NICE above their engines
     srv = Server(f"front-{tag}", f"http://127.0.0.1:{plan.front_port}", None, proc, log, {"dir": d})
     import httpx
 

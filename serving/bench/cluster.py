@@ -38,8 +38,8 @@ from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
 from serving.bench.report import summarize
-from serving.bench.systems import KEY_LINE, MODEL_NAME, BenchError, EngineSizes, port_free, stop
-from serving.bench.systems import Server
+from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, port_free,
+                                   stop)
 
 BASELINE = "stock_round_robin"
 ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
@@ -139,7 +139,10 @@ def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag
     env.update({"TRIAGE_PORT": str(plan.front_port), "TRIAGE_DB_URL": f"sqlite:///{d / 'audit.db'}",
                 "TRIAGE_SPOOL_PATH": str(d / "spool.jsonl"), "TRIAGE_BACKEND": "remote",
                 "TRIAGE_INSTANCES": ",".join(urls), "TRIAGE_ROUTER": router, "TRIAGE_MODEL": model,
-                "TRIAGE_MAX_MODEL_LEN": str(plan.sizes.max_model_len)})
+                "TRIAGE_MAX_MODEL_LEN": str(plan.sizes.max_model_len),
+                # as bench serve's: the benchmark's one client key must not meet the per-key caps
+                # (at 128 concurrent calls a slow run was refused 429, counted as errors)
+                "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS})
     if not port_free(plan.front_port):
         raise BenchError(f"port {plan.front_port} is in use: pass another --port")
     cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]

@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 from serving.model_prep import default_model_dir, generation_defaults
@@ -193,8 +192,7 @@ class TriageEngine:
         # lacks (frequency_penalty, presence_penalty): those are read from the file itself.
         self._generation_defaults = dict(self._llm.model_config.get_diff_sampling_param())
         self._generation_defaults.pop("max_tokens", None)
-        if Path(self.config.model).is_dir():
-            self._generation_defaults.update(generation_defaults(self.config.model))
+        self._generation_defaults.update(generation_defaults(self.config.model))   # {} for a hub name
         log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
                  self.config.scheduler_cls or "vllm")
         if self.config.scheduler_cls == SCHEDULER_CLS:

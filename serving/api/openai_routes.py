@@ -15,9 +15,9 @@ from serving.api.schemas import ChatCompletionRequest, CompletionRequest, Triage
 from serving.auth import ClientKey, Principal
 from serving.console.live import preview_words
 from serving.limits import Limited
-from triage.injection import strip_directives
-from serving.model_prep import chat_messages
 from serving.loop import EngineRestarted, Job, Shed, ShuttingDown, new_request_id
+from serving.model_prep import chat_messages
+from triage.injection import strip_directives
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 # with "stream": true the answer is server-sent events (one JSON chunk per `data:` line)

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
-from serving.bench.report import summarize
+from serving.bench.report import _pct, summarize
 from serving.bench.systems import MODEL_NAME, EngineSizes, start_system
 from serving.bench.texts import Text, classify, load_chat
 
@@ -106,7 +106,7 @@ def esi1_time_split(results: list[Result], db_url: str) -> dict:
         eng.dispose()
     front = [1000 * (d - a) for a, d, f in rows if d is not None and f is not None]
     engine = [1000 * (f - d) for a, d, f in rows if d is not None and f is not None]
-    pct = lambda xs, q: round(float(np.percentile(xs, q)), 1) if xs else None  # noqa: E731
+    pct = lambda xs, q: None if not xs else round(_pct(xs, q), 1)  # noqa: E731
     return {"n": len(front), "front_ms_p50": pct(front, 50), "front_ms_p99": pct(front, 99),
             "engine_ms_p50": pct(engine, 50), "engine_ms_p99": pct(engine, 99)}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     backend: Literal["vllm", "simulated", "remote"] = "vllm"
     profile: str | None = None                 # latency profile (simulated: a5000-qwen1.5-7b; vllm: the engine's)
     policy: str = "triage"                     # the engine-level policy (both backends)
+    # the policy's options over the profile's (docs/policies.md), e.g.
+    # TRIAGE_POLICY_PARAMS='{"protected_pace": 0.25}'; checked at start-up
+    policy_params: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None                   # served model dir (vllm); default: SmolLM2 in the state dir
     served_model_name: str = "smollm2-135m-instruct"
     max_model_len: int = Field(2048, gt=0)
@@ -119,6 +122,13 @@ class Settings(BaseSettings):
             raise UnsafeSettings(
                 f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
                 "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
+        if self.policy_params:
+            from triage.policies import make_policy
+
+            try:
+                make_policy(self.policy, **self.policy_params)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"policy_params for policy {self.policy!r}: {e}") from None
         unknown = set(self.role_limits) - set(DEFAULT_ROLE_LIMITS)
         if unknown:
             raise ValueError(f"role_limits: unknown role(s) {sorted(unknown)}; roles: {', '.join(DEFAULT_ROLE_LIMITS)}")

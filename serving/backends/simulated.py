@@ -79,7 +79,9 @@ class SimulatedBackend:
         return None
 
     async def start(self) -> None:
-        policy = make_policy(self.settings.policy)
+        # the profile's options for the policy, then the operator's (as the vLLM plugin does)
+        policy = make_policy(self.settings.policy, **{**self.profile.policy_params(self.settings.policy),
+                                                      **self.settings.policy_params})
         self.inst = Instance(policy, self.profile, self.classes, np.random.default_rng(self.settings.sim_seed),
                              index=0)
         self._t0 = time.monotonic()

@@ -7,14 +7,18 @@
         the trace's output lengths as `max_tokens` with `ignore_eos`.
 
 Systems take turns on the same machine, the same model, engine sizes and port; each is
-started, measured on an idle call (the first-token floor), loaded, and stopped.
+started, measured on an idle call (the first-token floor), loaded, and stopped. With
+`turns` (`--turns`), each repetition is a turn of its own: every system is started for
+repetition 1, then every system for repetition 2, ..., so a VM whose speed drifts over
+the minutes of a run (a shared host) charges the drift to every system alike.
 `vllm-priority` gets each call's `priority` from *our* classifier (computed once here):
 the strongest thing a user could assemble from stock vLLM and our predictor.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+import statistics
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -58,30 +62,62 @@ def with_predictions(calls: list[Call]) -> list[Call]:
     return [Call(**{**asdict(c), "predicted": level[c.text]}) for c in calls]
 
 
-def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
-               on_done: Callable[[Result], None] | None = None,
-               triage_env: dict | None = None) -> tuple[dict, list[Result]]:
-    results: list[Result] = []
-    walls: list[float] = []
+@dataclass
+class Turn:
+    """What one start of a system measured: its calls' results, the wall of each
+    repetition, the idle first-token time, and the CPU seconds it spent while loaded."""
+
+    results: list[Result] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    floors: list[float] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, other: "Turn") -> "Turn":
+        self.results += other.results
+        self.walls += other.walls
+        self.floors += other.floors
+        for k, v in other.cpu_s.items():
+            self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
+        return self
+
+
+def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
+             on_done: Callable[[Result], None] | None = None, triage_env: dict | None = None) -> Turn:
+    """Start `name`, time an idle call, replay `calls` `reps` times, stop it."""
+    turn = Turn()
     with start_system(name, sizes, port=port, workdir=workdir / name, model=model, triage_env=triage_env) as srv:
-        floor = asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT))
+        turn.floors.append(asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT)))
         cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=(name == "vllm-priority"),
                                         on_done=on_done))
             sent = [r.sent for r in res if r.sent]
             ends = [r.end for r in res if r.end is not None]
-            walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
-            results.extend(res)
+            turn.walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
+            turn.results.extend(res)
         cpu1 = cpu_seconds(srv.proc.pid)
-    out = summarize(results, walls, _classes())
+    turn.cpu_s = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
+    return turn
+
+
+def report_system(name: str, turn: Turn, workdir: Path) -> dict:
+    out = summarize(turn.results, turn.walls, _classes())
     if name == "triage":
-        out["esi1_caught_split"] = esi1_time_split(results, f"sqlite:///{workdir / name / 'audit.db'}")
-    out["idle_ttft_ms"] = round(1000 * floor, 1)
+        out["esi1_caught_split"] = esi1_time_split(turn.results, f"sqlite:///{workdir / name / 'audit.db'}")
+    out["idle_ttft_ms"] = round(1000 * statistics.median(turn.floors), 1)
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
-    out["cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0.0), 1) for k in cpu1}
-    return out, results
+    out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
+    return out
+
+
+def run_system(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
+               on_done: Callable[[Result], None] | None = None,
+               triage_env: dict | None = None) -> tuple[dict, list[Result]]:
+    """One start of `name`, `reps` repetitions: its report and raw results."""
+    turn = run_turn(name, calls, reps, sizes, port=port, workdir=workdir, model=model, on_done=on_done,
+                    triage_env=triage_env)
+    return report_system(name, turn, workdir), turn.results
 
 
 def esi1_time_split(results: list[Result], db_url: str) -> dict:

@@ -29,11 +29,13 @@ def bench_serve(
     seed: int = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
+    turns: Annotated[bool, typer.Option(help="restart the systems for each repetition, in rotation (fair on a VM "
+                                             "whose speed drifts); off: each system's repetitions back to back")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
-    from serving.bench.serve import run_system, slo_scale, with_predictions
+    from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
     from serving.bench.systems import SYSTEMS, BenchError, EngineSizes
     from serving.cli.progress import progress_bar
 
@@ -58,23 +60,30 @@ def bench_serve(
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
            "texts": texts, "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
     raw: dict = {}
+    rounds = [(r, name) for r in range(reps) for name in names] if turns else [(None, name) for name in names]
+    acc: dict[str, Turn] = {name: Turn() for name in names}
     try:
-        for name in names:
-            with progress_bar(f"{name}", len(calls) * reps) as advance:
+        for rep, name in rounds:
+            n_reps = reps if rep is None else 1
+            label = name if rep is None else f"{name} (turn {rep + 1}/{reps})"
+            with progress_bar(label, len(calls) * n_reps) as advance:
                 done = [0]
 
                 def tick(_r, done=done, advance=advance):
                     done[0] += 1
                     advance(done[0])
 
-                out["systems"][name], raw[name] = run_system(name, calls, reps, EngineSizes(), port=port,
-                                                             workdir=tmp, model=str(model), on_done=tick)
-            typer.echo(_line(name, out["systems"][name]), err=True)
-            # each system's figures as soon as it is done: a run stopped later keeps them
-            (tmp / f"{name}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
+                acc[name].add(run_turn(name, calls, n_reps, EngineSizes(), port=port, workdir=tmp, model=str(model),
+                                       on_done=tick))
+            if rep is None or rep == reps - 1:
+                out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
+                typer.echo(_line(name, out["systems"][name]), err=True)
+                # each system's figures as soon as it is done: a run stopped later keeps them
+                (tmp / f"{name}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
+    out["turns"] = turns
     out["workdir"] = str(tmp)
     if plot:
         _plot(out, raw, plot)

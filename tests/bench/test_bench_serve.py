@@ -155,3 +155,36 @@ def test_calibration_burst_fills_every_seat_at_once():
     short = simulated_wall(calls, [50] * 32, max_num_seqs=32, max_num_batched_tokens=2048)
     long = simulated_wall(calls, [1000] * 32, max_num_seqs=32, max_num_batched_tokens=2048)
     assert 1.0 < short < long
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
+    """--turns: every system is started for repetition 1, then every system for repetition 2
+    (a VM whose speed drifts charges every system alike); each system's report still pools
+    all its repetitions. Without it each system runs its repetitions back to back."""
+    from typer.testing import CliRunner
+
+    import serving.bench.serve as serve
+    from serving.cli import app
+
+    started = []
+
+    def fake_turn(name, calls, reps, sizes, **kw):
+        started.append((name, reps))
+        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
+        for c in calls * reps:
+            t.results.append(Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
+                                    chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
+        t.walls += [1.0] * reps
+        return t
+
+    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    args = ["bench", "serve", "--scenario", "burst", "--requests", "6", "--reps", "2", "--systems", "triage,vllm-fcfs",
+            "--workdir", str(tmp_path), "--json", "--turns" if turns else "--no-turns"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    want = ([("triage", 1), ("vllm-fcfs", 1)] * 2) if turns else [("triage", 2), ("vllm-fcfs", 2)]
+    assert started == want
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for s in out["systems"].values():
+        assert s["completed"] == 12 and s["cpu_s"] == ({"api": 2.0, "engine": 4.0} if turns else {"api": 1.0, "engine": 2.0})

@@ -273,6 +273,8 @@ def test_a_step_that_ends_with_an_esi1_first_token_carries_no_other_prefill():
     p = plan("triage", st, **LIVE)
     assert set(p.tokens) == {"dec", "crit"} and p.tokens["crit"] == 40
     assert set(plan("triage", st, short_first_step=False, **LIVE).tokens) == {"dec", "crit", "three"}
+    # solo_first_step: not even the running level-5 decode shares that step (it runs the next)
+    assert set(plan("triage", st, solo_first_step=True, **LIVE).tokens) == {"crit"}
     st = make_state(max_seqs=8)                               # no urgent prompt: the step is filled as before
     make_running(st, level=5, rid="dec")
     make_request(st, level=3, prompt=200, arrival=0.5, rid="three")

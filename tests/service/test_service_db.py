@@ -64,6 +64,12 @@ def test_settings_refuse_unsafe_defaults(tmp_path):
     with pytest.raises(ValueError):
         Settings(db_url="mysql://x/y")
     assert Settings(host="0.0.0.0", allow_public=True).host == "0.0.0.0"
+    # the policy's options (TRIAGE_POLICY_PARAMS) are checked before anything starts
+    with pytest.raises(ValueError, match="policy_params.*protected_pace"):
+        Settings(policy_params={"protected_pace": 2})
+    with pytest.raises(ValueError, match="policy_params.*no_such_knob"):
+        Settings(policy_params={"no_such_knob": 1})
+    assert Settings(policy_params={"solo_first_step": True}).policy_params == {"solo_first_step": True}
 
 
 def test_first_start_prints_keys_once(tmp_path, predictors_dir, capfd):

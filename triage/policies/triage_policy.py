@@ -73,7 +73,7 @@ class Triage(SlideBatching):
                  stage_aware: bool = True, evict: bool = True, smooth: bool = True,
                  evict_for: str = "protected", safety: float = 1.0, order: str = "slide",
                  max_step_s: float | None = None, max_preemptions: int = 2, short_first_step: bool = True,
-                 protected_pace: float = 1.0) -> None:
+                 protected_pace: float = 1.0, solo_first_step: bool = False) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
         if not 0 < protected_pace <= 1:
             raise ValueError("protected_pace must be in (0, 1] (a fraction of the protected class's TPOT SLO)")
@@ -81,6 +81,8 @@ class Triage(SlideBatching):
         # order="level": a step that ends with a protected request's first token carries no
         # prefill of a lower group (module docstring, 2.)
         self.short_first_step = short_first_step
+        # ... and, with solo_first_step, not even the running decodes (they run one step later)
+        self.solo_first_step = solo_first_step
         if safety < 1.0:
             raise ValueError("safety must be >= 1 (the factor a real step may exceed its prediction by)")
         self.safety = safety
@@ -207,7 +209,7 @@ class Triage(SlideBatching):
         kv_victims: list | None = None
         token_due = False   # a protected request's prompt completes in this step
         for i in order.tolist():
-            if b.full or (token_due and group[i] == 2):
+            if b.full or (token_due and group[i] >= (1 if self.solo_first_step else 2)):
                 break
             r = reqs[i]
             if b.is_preempted(r):
@@ -221,7 +223,7 @@ class Triage(SlideBatching):
                 kv_victims = kv_victims if kv_victims is not None else self._eviction_order(view, q, bounded=False)
                 if b.make_room(r, kv_victims, keep=lambda v: keep_tokens_for(view, v)):
                     b.add(r)
-            if self.short_first_step and protected[i] and r.need > 1 and b.tokens.get(r.id, 0) == r.need:
+            if (self.short_first_step or self.solo_first_step) and protected[i] and r.need > 1 and b.tokens.get(r.id, 0) == r.need:
                 token_due = True   # (granted here or by the eviction pass)
         ensure_progress(b, q, order, t_budget)
         return b.build()

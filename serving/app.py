@@ -252,6 +252,8 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
                                        escalate_below=escalate_below,
                                        max_requeues=s.engine_max_requeues)
     await fe.start()
+    if hasattr(backend, "set_on_up"):   # remote instances rejoining the rotation
+        backend.set_on_up(fe.wake)
     if hasattr(backend, "restart"):   # an engine that can die is supervised (serving/supervisor.py)
         from serving.supervisor import EngineSupervisor, RestartLimits
 

@@ -223,6 +223,12 @@ class RemoteBackend:
             if c is not None:
                 await c.aclose()
 
+    def set_on_up(self, fn) -> None:
+        """`fn()` runs whenever an instance rejoins the rotation (the front end looks at
+        its queue again: calls held while none was up go at once)."""
+        for i in self.instances:
+            i.on_up = fn
+
     def instances_status(self) -> list[dict]:
         return [i.status() for i in self.instances]
 

@@ -22,8 +22,12 @@ answers between two steps).
 
 Health: `GET /health` (vLLM's, answered by its API process without waiting for the
 engine step) every `health_s`. An instance is out of rotation at once when a connection
-to it is refused or breaks, and when it has not answered /health for `down_after_s`
-(default 1.5 s: within the 2 s the issue asks); it rejoins after two good answers.
+to it is refused or breaks (twice in a row: a server closing an idle keep-alive
+connection breaks one request, measured in `bench cluster`), and when it has not answered
+/health for `down_after_s` (default 1.5 s: within the 2 s the issue asks); a single slow
+answer (a timeout) does not take it out: on a saturated 2-core host both instances once
+missed a 1 s connect timeout in the same instant and the front end held every call, ESI-1
+included, for up to 17 s. It rejoins after two good answers.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -113,6 +117,7 @@ class RemoteInstance:
         self.last_health = 0.0
         self._good_in_a_row = 0
         self.counters = {"sent": 0, "errors": 0, "refused_503": 0, "went_down": 0}
+        self.on_up: Callable[[], None] | None = None   # told when the instance rejoins the rotation
 
     # --- health ----------------------------------------------------------------------------
     @property
@@ -141,6 +146,8 @@ class RemoteInstance:
             log.info("instance %s back in rotation", self.url)
             self.state = UP
             self.reason = None
+            if self.on_up is not None:   # calls held while no instance was up go now
+                self.on_up()
 
     def check_stale_health(self, now: float) -> None:
         if self.state == UP and now - self.last_health > self.timing.down_after_s:
@@ -299,6 +306,15 @@ class RemoteInstance:
         self.last_health = time.time()
         self.state, self.reason = UP, None
         self._good_in_a_row = 2
+        if self.on_up is not None:
+            self.on_up()
+
+    async def _health_once(self, client: httpx.AsyncClient) -> None:
+        r = await client.get(self.url + "/health", timeout=self.timing.timeout_s)
+        if r.status_code == 200:
+            self.health_ok()
+        else:
+            self.mark_down(f"/health answered {r.status_code}")
 
     async def health_loop(self, client: httpx.AsyncClient, model: str, require_triage: bool) -> None:
         t = self.timing
@@ -308,13 +324,18 @@ class RemoteInstance:
                     await self.check_config(client, model, require_triage)
                 else:
                     try:
-                        r = await client.get(self.url + "/health", timeout=t.timeout_s)
-                        if r.status_code == 200:
-                            self.health_ok()
-                        else:
-                            self.mark_down(f"/health answered {r.status_code}")
+                        await self._health_once(client)
+                    except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
+                        # refused (nothing listens) or broken: one immediate retry tells a dead
+                        # instance from a keep-alive connection its server had just closed
+                        try:
+                            await self._health_once(client)
+                        except httpx.HTTPError:
+                            self.mark_down(f"/health: {type(e).__name__}")
                     except httpx.HTTPError as e:
-                        self.mark_down(f"/health: {type(e).__name__}")
+                        # slow, not gone: a saturated host (or this front end's own busy event
+                        # loop) answers late; out of rotation when no answer came for down_after_s
+                        log.debug("/health of %s: %s", self.url, type(e).__name__)
                     self.check_stale_health(time.time())
             await asyncio.sleep(t.health_s if self.checked else max(t.health_s, 1.0))
 

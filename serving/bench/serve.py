@@ -26,7 +26,7 @@ import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
 from serving.bench.report import _pct, summarize
-from serving.bench.systems import MODEL_NAME, EngineSizes, start_system
+from serving.bench.systems import MODEL_NAME, EngineSizes, dir_name, is_triage, start_system
 from serving.bench.texts import Text, classify, load_chat
 
 IDLE_TEXT = "My father collapsed and is not breathing."
@@ -85,7 +85,8 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
              on_done: Callable[[Result], None] | None = None, triage_env: dict | None = None) -> Turn:
     """Start `name`, time an idle call, replay `calls` `reps` times, stop it."""
     turn = Turn()
-    with start_system(name, sizes, port=port, workdir=workdir / name, model=model, triage_env=triage_env) as srv:
+    with start_system(name, sizes, port=port, workdir=workdir / dir_name(name), model=model,
+                      triage_env=triage_env) as srv:
         turn.floors.append(asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT)))
         cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
@@ -102,8 +103,8 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
 
 def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     out = summarize(turn.results, turn.walls, _classes())
-    if name == "triage":
-        out["esi1_caught_split"] = esi1_time_split(turn.results, f"sqlite:///{workdir / name / 'audit.db'}")
+    if is_triage(name):
+        out["esi1_caught_split"] = esi1_time_split(turn.results, f"sqlite:///{workdir / dir_name(name) / 'audit.db'}")
     out["idle_ttft_ms"] = round(1000 * statistics.median(turn.floors), 1)
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)

@@ -9,6 +9,7 @@ sizes and port layout, and always stopped (process group, SIGTERM then SIGKILL).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -22,6 +23,51 @@ from pathlib import Path
 import httpx
 
 SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority")
+# "triage:KEY=VALUE+KEY=VALUE": our service with those policy options (TRIAGE_POLICY_PARAMS,
+# values in JSON), so a benchmark compares settings of ours side by side in the same turns
+VARIANT_SEP, PARAM_SEP = ":", "+"
+
+
+def is_triage(name: str) -> bool:
+    return name == "triage" or name.startswith("triage" + VARIANT_SEP)
+
+
+def variant_params(name: str) -> dict:
+    """The policy options a `triage:...` system name carries ({} for plain "triage");
+    ValueError naming what is wrong."""
+    if not name.startswith("triage" + VARIANT_SEP):
+        return {}
+    out = {}
+    for item in name.split(VARIANT_SEP, 1)[1].split(PARAM_SEP):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"{name!r}: options are KEY=VALUE joined by {PARAM_SEP!r}, e.g. triage:max_step_s=0.2")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    from triage.policies import make_policy
+
+    make_policy("triage", **out)   # TypeError / ValueError: unknown or bad option
+    return out
+
+
+def dir_name(name: str) -> str:
+    """A system's name as a file name (its workdir, its JSON)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def check_system(name: str) -> None:
+    """ValueError unless `name` is a system a benchmark can start."""
+    if name in SYSTEMS:
+        return
+    if name.startswith("triage" + VARIANT_SEP):
+        try:
+            variant_params(name)
+        except TypeError as e:
+            raise ValueError(f"{name!r}: {e}") from None
+        return
+    raise ValueError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)} (or triage:KEY=VALUE+...)")
 MODEL_NAME = "smollm2-135m-instruct"
 
 
@@ -84,7 +130,9 @@ def _engine_env() -> dict:
 def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
             triage_env: dict | None = None) -> tuple[list[str], dict]:
     env = _engine_env()
-    if name == "triage":
+    if is_triage(name):
+        if variant_params(name):
+            env["TRIAGE_POLICY_PARAMS"] = json.dumps(variant_params(name))
         env.update({"TRIAGE_PORT": str(port), "TRIAGE_DB_URL": f"sqlite:///{workdir / 'audit.db'}",
                     "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),
@@ -134,11 +182,11 @@ def _wait_ready(srv: Server, timeout_s: float) -> None:
         if srv.proc.poll() is not None:
             raise BenchError(f"{srv.name} exited with code {srv.proc.returncode} while starting; "
                              f"its log ({srv.log}) ends:\n{srv.log_tail()}")
-        if srv.name == "triage" and srv.key is None:
+        if is_triage(srv.name) and srv.key is None:
             m = KEY_LINE.search(srv.log.read_text(errors="replace"))
             if m:
                 srv.key = m.group(1)
-        if srv.name != "triage" or srv.key:
+        if not is_triage(srv.name) or srv.key:
             try:
                 r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
                                headers={"Authorization": f"Bearer {srv.key or 'none'}"},

@@ -22,7 +22,8 @@ def bench_serve(
     texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
     trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[str, typer.Option(help="trace scenario: arrival-rate multiplier, or auto")] = "auto",
-    systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority")] = "triage,vllm-fcfs,vllm-priority",
+    systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority; "
+                                                "triage:KEY=VALUE+KEY=VALUE is ours with those policy options")] = "triage,vllm-fcfs,vllm-priority",
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call (temperature 0)")] = 64,
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 256,
     port: Annotated[int, typer.Option(help="the port every system is started on, in turn")] = 8100,
@@ -36,13 +37,17 @@ def bench_serve(
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
     from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
-    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes
+    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, check_system, dir_name
     from serving.cli.progress import progress_bar
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
-    bad = [s for s in names if s not in SYSTEMS]
-    if bad or not names:
-        raise typer.BadParameter(f"unknown system(s) {bad}; systems are {', '.join(SYSTEMS)}", param_hint="--systems")
+    if not names:
+        raise typer.BadParameter(f"no system given; systems are {', '.join(SYSTEMS)}", param_hint="--systems")
+    for name in names:
+        try:
+            check_system(name)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--systems")
     if scenario not in ("burst", "trace"):
         raise typer.BadParameter("scenario must be burst or trace", param_hint="--scenario")
     if requests < 1 or reps < 1 or spread < 0:
@@ -79,7 +84,7 @@ def bench_serve(
                 out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
                 typer.echo(_line(name, out["systems"][name]), err=True)
                 # each system's figures as soon as it is done: a run stopped later keeps them
-                (tmp / f"{name}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
+                (tmp / f"{dir_name(name)}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

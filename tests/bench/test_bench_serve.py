@@ -188,3 +188,22 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for s in out["systems"].values():
         assert s["completed"] == 12 and s["cpu_s"] == ({"api": 2.0, "engine": 4.0} if turns else {"api": 1.0, "engine": 2.0})
+
+
+def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch, tmp_path):
+    """`triage:KEY=VALUE+...` is our service started with those policy options (checked
+    before anything starts); a bad option is a clear error."""
+    from serving.bench.systems import EngineSizes, check_system, command, dir_name, variant_params
+
+    name = "triage:max_step_s=0.2+solo_first_step=true"
+    assert variant_params(name) == {"max_step_s": 0.2, "solo_first_step": True}
+    monkeypatch.delenv("TRIAGE_POLICY_PARAMS", raising=False)
+    _, env = command(name, EngineSizes(), 8100, tmp_path, "m")
+    assert json.loads(env["TRIAGE_POLICY_PARAMS"]) == {"max_step_s": 0.2, "solo_first_step": True}
+    assert "TRIAGE_POLICY_PARAMS" not in command("triage", EngineSizes(), 8100, tmp_path, "m")[1]
+    assert "/" not in dir_name(name) and ":" not in dir_name(name)
+    for bad in ("triage:max_step_s=-1", "triage:nope=1", "triage:max_step_s", "sglang"):
+        with pytest.raises(ValueError):
+            check_system(bad)
+    r = subprocess.run(CLI + ["--systems", "triage,triage:no_such_option=1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no_such_option" in r.stderr

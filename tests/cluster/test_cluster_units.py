@@ -4,8 +4,10 @@ instance's load view (snapshot + ledger + staleness), vLLM /metrics parsing, ins
 URL validation, and one router class shared with the simulator."""
 from __future__ import annotations
 
+import asyncio
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -97,6 +99,54 @@ def test_health_marks_down_and_rejoins():
     assert inst.state == DOWN, "one good answer is not enough"
     inst.health_ok()
     assert inst.state == UP
+
+
+async def _health_server(delay: list[float]):
+    """A real HTTP server answering GET /health after `delay[0]` seconds."""
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(delay[0])
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_a_slow_health_answer_is_not_a_dead_instance():
+    """On a saturated host /health can miss its timeout: the instance stays in rotation
+    until no answer came for down_after_s (a front end that dropped both instances on one
+    slow answer held every call, ESI-1 included, up to 17 s); a refused connection is out
+    at once; rejoining tells the front end (on_up), which looks at its queue again."""
+    async def run():
+        delay = [0.0]
+        server = await _health_server(delay)
+        port = server.sockets[0].getsockname()[1]
+        timing = Timing(health_s=0.05, down_after_s=1.0, timeout_s=0.2)
+        inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
+        inst.checked, inst.state, inst.last_health = True, UP, time.time()
+        rejoined = []
+        inst.on_up = lambda: rejoined.append(time.time())
+        async with httpx.AsyncClient() as client:
+            task = asyncio.create_task(inst.health_loop(client, "m", False))
+            delay[0] = 0.3                          # one late answer (0.3 s > 0.2 s timeout)
+            await asyncio.sleep(0.25)
+            delay[0] = 0.0
+            await asyncio.sleep(0.4)
+            assert inst.state == UP and inst.counters["went_down"] == 0
+            delay[0] = 5.0                          # no answer at all: out within down_after_s + a probe
+            await asyncio.sleep(1.6)
+            assert inst.state == DOWN and "no answer" in inst.reason
+            delay[0] = 0.0                          # answers again: two good answers bring it back
+            await asyncio.sleep(0.6)
+            assert inst.state == UP and rejoined
+            server.close()
+            await server.wait_closed()              # nothing listens now: out at once
+            await asyncio.sleep(0.3)
+            assert inst.state == DOWN and "ConnectError" in inst.reason
+            task.cancel()
+
+    asyncio.run(run())
 
 
 def test_live_and_simulated_routing_share_one_class():

@@ -14,6 +14,9 @@ class Metrics:
         self.inflight = Gauge("triage_inflight", "Requests handed to the backend", ["level"], registry=r)
         self.queue_time = Histogram("triage_queue_time_seconds", "Time in the admission queue", ["level"],
                                     buckets=LAT_BUCKETS, registry=r)
+        self.classify_time = Histogram("triage_classify_seconds",
+                                       "From a call's arrival to its level: checks, tokenising, the classifier's queue "
+                                       "and pass (before the admission queue)", buckets=LAT_BUCKETS, registry=r)
         self.ttft = Histogram("triage_ttft_seconds", "Time to first token", ["level"], buckets=LAT_BUCKETS, registry=r)
         self.tpot = Histogram("triage_tpot_seconds", "Time per output token (each gap)", ["level"],
                               buckets=TPOT_BUCKETS, registry=r)

@@ -88,6 +88,7 @@ async def _submit(request: Request, principal: Principal, body, endpoint: str, p
         if bad:
             raise APIError(400, f"{name} names token id {bad[0]}, outside the vocabulary (size {vocab})", param=name)
     pred = await _classify(request, classify_text)
+    app.state.metrics.classify_time.observe(time.time() - received)
     override = body.priority if (body.priority is not None and principal.can("operator")) else None
     level = override if override is not None else pred.level
     if level not in fe.classes.classes:

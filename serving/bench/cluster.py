@@ -28,6 +28,7 @@ import contextlib
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
@@ -179,13 +180,20 @@ def kill_group(srv: Server) -> None:
 
 
 def audit_rows(db: Path) -> dict:
-    """Rows of the front end's `requests` table: count and outcomes, per instance."""
+    """Rows of the front end's `requests` table: count and outcomes, per instance, and per
+    level the time a call spent in the front end before it was handed to an instance
+    (arrival to dispatch: reading, classifying, the admission queue), p50 / max in ms."""
     if not db.exists():
-        return {"rows": 0, "outcomes": {}, "instances": {}}
+        return {"rows": 0, "outcomes": {}, "instances": {}, "front_ms": {}}
     with contextlib.closing(sqlite3.connect(str(db))) as c:
         outcomes = dict(c.execute("SELECT outcome, count(*) FROM requests GROUP BY outcome").fetchall())
         inst = dict(c.execute("SELECT coalesce(instance, '-'), count(*) FROM requests GROUP BY instance").fetchall())
-    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "instances": inst}
+        waits: dict[str, list[float]] = {}
+        for level, wait in c.execute("SELECT effective_level, dispatched - arrival FROM requests "
+                                     "WHERE dispatched IS NOT NULL"):
+            waits.setdefault(str(level), []).append(1000 * wait)
+    front = {lv: {"p50": round(statistics.median(w), 1), "max": round(max(w), 1)} for lv, w in sorted(waits.items())}
+    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "instances": inst, "front_ms": front}
 
 
 def clear_error(r: Result) -> bool:

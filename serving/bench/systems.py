@@ -164,8 +164,12 @@ def start_system(name: str, sizes: EngineSizes, *, port: int, workdir: Path, mod
         raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
     workdir.mkdir(parents=True, exist_ok=True)
     cmd, env = command(name, sizes, port, workdir, model, triage_env)
-    log = workdir / f"{name}.log"
-    with log.open("wb") as f:
+    log = workdir / f"{dir_name(name)}.log"
+    # appended: a service started again on the same workdir (bench serve --turns) finds its
+    # key table filled and prints no key; the one its first start printed still holds
+    with log.open("ab") as f:
+        f.write(f"=== {name} started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 cwd=str(Path(__file__).resolve().parents[2]))
     srv = Server(name, f"http://127.0.0.1:{port}", None, proc, log)
@@ -183,9 +187,9 @@ def _wait_ready(srv: Server, timeout_s: float) -> None:
             raise BenchError(f"{srv.name} exited with code {srv.proc.returncode} while starting; "
                              f"its log ({srv.log}) ends:\n{srv.log_tail()}")
         if is_triage(srv.name) and srv.key is None:
-            m = KEY_LINE.search(srv.log.read_text(errors="replace"))
-            if m:
-                srv.key = m.group(1)
+            keys = KEY_LINE.findall(srv.log.read_text(errors="replace"))
+            if keys:
+                srv.key = keys[-1]
         if not is_triage(srv.name) or srv.key:
             try:
                 r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,

@@ -80,11 +80,11 @@ def bench_serve(
 
                 acc[name].add(run_turn(name, calls, n_reps, EngineSizes(), port=port, workdir=tmp, model=str(model),
                                        on_done=tick))
+            # each system's figures so far, after every turn: a run stopped later keeps them
+            out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
+            (tmp / f"{dir_name(name)}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
             if rep is None or rep == reps - 1:
-                out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
                 typer.echo(_line(name, out["systems"][name]), err=True)
-                # each system's figures as soon as it is done: a run stopped later keeps them
-                (tmp / f"{dir_name(name)}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

@@ -129,6 +129,23 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
     assert port_free(port), "the servers the benchmark started are stopped"
 
 
+@pytest.mark.engine
+@pytest.mark.slow
+def test_turns_restart_our_service_on_its_own_key_table(tmp_path):
+    """--turns starts our service again on the workdir of its first turn, whose key table
+    is filled (no key printed): the second turn still gets in and completes every call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(CLI + ["--scenario", "burst", "--requests", "4", "--spread", "1", "--max-tokens", "4",
+                              "--reps", "2", "--turns", "--systems", "triage", "--port", str(port),
+                              "--workdir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])["systems"]["triage"]
+    assert s["completed"] == 8 and s["errors"] == 0 and s["reps"] == 2
+    assert (tmp_path / "triage" / "triage.log").read_text().count("=== triage started") == 2
+
+
 def test_auto_rate_scale_is_the_fcfs_knee_at_todays_machine_speed():
     """`--rate-scale auto` (simulation): the load where stock fcfs's ESI-1 attainment first
     drops below 0.8; a machine twice as slow as the profile reaches it at a lighter load."""

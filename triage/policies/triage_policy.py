@@ -50,7 +50,9 @@ docs/preemption.md): strict urgency with decode-first batching:
        request's prompt completes (its first token is emitted when the step ends) takes
        nothing after the running decodes: the protected request's first token does not
        wait for other requests' prefill chunks to fill the step (they run one step later;
-       the cost is one step's fixed time per protected arrival).
+       the cost is one step's fixed time per protected arrival). `solo_first_step` (off by
+       default) holds back the running decodes of that step too (they run one step later):
+       the first token waits for the protected prompt alone.
 Both modes: `max_step_s` caps a step (in the profiled machine's seconds, so x the online
 step-time correction β on this one; never below the running decodes plus half of it
 for prefill; a protected request always gets its seat), so a newly arrived urgent

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority")
+MODEL_NAME = "smollm2-135m-instruct"
 # "triage:KEY=VALUE+KEY=VALUE": our service with those policy options (TRIAGE_POLICY_PARAMS,
 # values in JSON), so a benchmark compares settings of ours side by side in the same turns
 VARIANT_SEP, PARAM_SEP = ":", "+"
@@ -68,7 +69,6 @@ def check_system(name: str) -> None:
             raise ValueError(f"{name!r}: {e}") from None
         return
     raise ValueError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)} (or triage:KEY=VALUE+...)")
-MODEL_NAME = "smollm2-135m-instruct"
 
 
 class BenchError(RuntimeError):
@@ -131,8 +131,9 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
             triage_env: dict | None = None) -> tuple[list[str], dict]:
     env = _engine_env()
     if is_triage(name):
-        if variant_params(name):
-            env["TRIAGE_POLICY_PARAMS"] = json.dumps(variant_params(name))
+        params = variant_params(name)
+        if params:
+            env["TRIAGE_POLICY_PARAMS"] = json.dumps(params)
         env.update({"TRIAGE_PORT": str(port), "TRIAGE_DB_URL": f"sqlite:///{workdir / 'audit.db'}",
                     "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),

@@ -144,10 +144,12 @@ class RemoteInstance:
         self._good_in_a_row += 1
         if self.state == DOWN and self.checked and self._good_in_a_row >= 2:
             log.info("instance %s back in rotation", self.url)
-            self.state = UP
-            self.reason = None
-            if self.on_up is not None:   # calls held while no instance was up go now
-                self.on_up()
+            self._enter_rotation()
+
+    def _enter_rotation(self) -> None:
+        self.state, self.reason = UP, None
+        if self.on_up is not None:   # calls held while no instance was up go now
+            self.on_up()
 
     def check_stale_health(self, now: float) -> None:
         if self.state == UP and now - self.last_health > self.timing.down_after_s:
@@ -304,10 +306,8 @@ class RemoteInstance:
                         "from its /metrics", self.url)
         self.checked = True
         self.last_health = time.time()
-        self.state, self.reason = UP, None
         self._good_in_a_row = 2
-        if self.on_up is not None:
-            self.on_up()
+        self._enter_rotation()
 
     async def _health_once(self, client: httpx.AsyncClient) -> None:
         r = await client.get(self.url + "/health", timeout=self.timing.timeout_s)

@@ -49,7 +49,10 @@ def variant_params(name: str) -> dict:
             out[key] = value
     from triage.policies import make_policy
 
-    make_policy("triage", **out)   # TypeError / ValueError: unknown or bad option
+    try:
+        make_policy("triage", **out)
+    except TypeError as e:       # an option the policy does not have
+        raise ValueError(f"{name!r}: {e}") from None
     return out
 
 
@@ -62,11 +65,8 @@ def check_system(name: str) -> None:
     """ValueError unless `name` is a system a benchmark can start."""
     if name in SYSTEMS:
         return
-    if name.startswith("triage" + VARIANT_SEP):
-        try:
-            variant_params(name)
-        except TypeError as e:
-            raise ValueError(f"{name!r}: {e}") from None
+    if is_triage(name):
+        variant_params(name)
         return
     raise ValueError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)} (or triage:KEY=VALUE+...)")
 

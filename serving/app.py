@@ -252,6 +252,10 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
                                        escalate_below=escalate_below,
                                        max_requeues=s.engine_max_requeues)
     await fe.start()
+    from serving.loop_watchdog import LoopWatchdog
+
+    app.state.watchdog = LoopWatchdog(threshold_s=s.loop_stall_warn_s,
+                                      on_stall=metrics.loop_stall.observe).start(asyncio.get_running_loop())
     if hasattr(backend, "set_on_up"):   # remote instances rejoining the rotation
         backend.set_on_up(fe.wake)
     if hasattr(backend, "restart"):   # an engine that can die is supervised (serving/supervisor.py)
@@ -317,6 +321,8 @@ def _profile_slo_scale(s: Settings) -> float:
 
 async def _shutdown(app: FastAPI) -> None:
     st = app.state
+    if getattr(st, "watchdog", None):
+        await st.watchdog.stop()
     if getattr(st, "supervisor", None):
         await st.supervisor.stop()
     if getattr(st, "frontend", None):

@@ -43,6 +43,10 @@ class Metrics:
         self.requeued = Counter("triage_requeued_total", "Calls re-queued after an engine death (nothing streamed yet)",
                                 registry=r)
         self.draining = Gauge("triage_draining", "1 while the service drains after SIGTERM", registry=r)
+        self.loop_stall = Histogram("triage_event_loop_stall_seconds",
+                                    "Times the service's event loop was blocked longer than loop_stall_warn_s "
+                                    "(serving/loop_watchdog.py; each is logged with where it was blocked)",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     sim_seed: int = 0
     classes_file: Path | None = None           # default: data/priority_classes.toml
     step_log: Path | None = None               # vllm: JSONL of every engine step (what ran, preempted, why)
+    # vllm on CPU: the engine's processes run this much nicer than the service, so classifying
+    # and streaming a new call does not wait behind the engine's compute (0: same priority)
+    engine_nice: int = Field(5, ge=0, le=19)
 
     # remote backend (serving/backends/remote.py, docs/deploy.md)
     instances: str | None = None               # comma-separated URLs of `triage instance` servers
@@ -101,6 +104,9 @@ class Settings(BaseSettings):
     engine_check_interval_s: float = Field(0.25, gt=0)
     # graceful drain (serving/drain.py): on SIGTERM in-flight calls get this long to finish
     drain_timeout_s: float = Field(30.0, gt=0)
+    # a blocked event loop (every stream and health check waits) is logged with where it was
+    # blocked, and counted in triage_event_loop_stall_seconds (serving/loop_watchdog.py)
+    loop_stall_warn_s: float = Field(1.0, gt=0)
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"

@@ -109,6 +109,14 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
+    # each repetition on its own, in the order run (with --turns, one per start): how far
+    # the VM's speed drifted during the run, beside the pooled figures above
+    n = len(turn.walls)
+    if n > 1 and len(turn.results) % n == 0:
+        k = len(turn.results) // n
+        reps = [summarize(turn.results[i * k:(i + 1) * k], turn.walls[i:i + 1], _classes()) for i in range(n)]
+        out["per_rep"] = [{"wall_s": r["wall_s"], "tokens_per_s": r["tokens_per_s"],
+                           "esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]} for r in reps]
     return out
 
 

@@ -24,8 +24,10 @@ import httpx
 
 SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority")
 MODEL_NAME = "smollm2-135m-instruct"
-# "triage:KEY=VALUE+KEY=VALUE": our service with those policy options (TRIAGE_POLICY_PARAMS,
-# values in JSON), so a benchmark compares settings of ours side by side in the same turns
+# "triage:KEY=VALUE+KEY=VALUE": our service with those options, so a benchmark compares
+# settings of ours side by side in the same turns. A KEY that is a service setting
+# (serving/settings.py) is passed as TRIAGE_KEY; any other is a policy option
+# (TRIAGE_POLICY_PARAMS, values in JSON)
 VARIANT_SEP, PARAM_SEP = ":", "+"
 
 
@@ -33,9 +35,7 @@ def is_triage(name: str) -> bool:
     return name == "triage" or name.startswith("triage" + VARIANT_SEP)
 
 
-def variant_params(name: str) -> dict:
-    """The policy options a `triage:...` system name carries ({} for plain "triage");
-    ValueError naming what is wrong."""
+def _variant_items(name: str) -> dict[str, str]:
     if not name.startswith("triage" + VARIANT_SEP):
         return {}
     out = {}
@@ -43,6 +43,35 @@ def variant_params(name: str) -> dict:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"{name!r}: options are KEY=VALUE joined by {PARAM_SEP!r}, e.g. triage:max_step_s=0.2")
+        out[key] = value
+    return out
+
+
+def variant_settings(name: str) -> dict[str, str]:
+    """The service settings a `triage:...` system name carries, as the environment the
+    service reads ({"TRIAGE_PREDICTOR_THREADS": "2"}); ValueError naming a bad value."""
+    from pydantic import ValidationError
+
+    from serving.settings import Settings
+
+    items = {k: v for k, v in _variant_items(name).items() if k in Settings.model_fields}
+    for key, value in items.items():
+        try:
+            Settings.__pydantic_validator__.validate_assignment(Settings.model_construct(), key, value)
+        except ValidationError as e:
+            raise ValueError(f"{name!r}: setting {key}={value!r}: {e.errors()[0]['msg']}") from None
+    return {f"TRIAGE_{k.upper()}": v for k, v in items.items()}
+
+
+def variant_params(name: str) -> dict:
+    """The policy options a `triage:...` system name carries ({} for plain "triage");
+    ValueError naming what is wrong."""
+    from serving.settings import Settings
+
+    out = {}
+    for key, value in _variant_items(name).items():
+        if key in Settings.model_fields:
+            continue
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -67,6 +96,7 @@ def check_system(name: str) -> None:
         return
     if is_triage(name):
         variant_params(name)
+        variant_settings(name)
         return
     raise ValueError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)} (or triage:KEY=VALUE+...)")
 
@@ -134,6 +164,7 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
         params = variant_params(name)
         if params:
             env["TRIAGE_POLICY_PARAMS"] = json.dumps(params)
+        env.update(variant_settings(name))
         env.update({"TRIAGE_PORT": str(port), "TRIAGE_DB_URL": f"sqlite:///{workdir / 'audit.db'}",
                     "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),

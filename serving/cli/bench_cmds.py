@@ -23,7 +23,7 @@ def bench_serve(
     trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[str, typer.Option(help="trace scenario: arrival-rate multiplier, or auto")] = "auto",
     systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority; "
-                                                "triage:KEY=VALUE+KEY=VALUE is ours with those policy options")] = "triage,vllm-fcfs,vllm-priority",
+                                                "triage:KEY=VALUE+KEY=VALUE is ours with those policy options or service settings")] = "triage,vllm-fcfs,vllm-priority",
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call (temperature 0)")] = 64,
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 256,
     port: Annotated[int, typer.Option(help="the port every system is started on, in turn")] = 8100,

@@ -192,7 +192,7 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
         for c in calls * reps:
             t.results.append(Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
                                     chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
-        t.walls += [1.0] * reps
+        t.walls += [float(len(started))] * reps     # each start a slower VM than the last
         return t
 
     monkeypatch.setattr(serve, "run_turn", fake_turn)
@@ -205,6 +205,12 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for s in out["systems"].values():
         assert s["completed"] == 12 and s["cpu_s"] == ({"api": 2.0, "engine": 4.0} if turns else {"api": 1.0, "engine": 2.0})
+    # each repetition's own figures, in the order run: the drift between turns shows
+    walls = {"triage": [1.0, 3.0], "vllm-fcfs": [2.0, 4.0]} if turns else {"triage": [1.0, 1.0], "vllm-fcfs": [2.0, 2.0]}
+    for name, want_walls in walls.items():
+        per_rep = out["systems"][name]["per_rep"]
+        assert [r["wall_s"] for r in per_rep] == want_walls
+        assert [r["tokens_per_s"] for r in per_rep] == [round(24 / w, 1) for w in want_walls]
 
 
 def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch, tmp_path):
@@ -219,8 +225,53 @@ def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch,
     assert json.loads(env["TRIAGE_POLICY_PARAMS"]) == {"max_step_s": 0.2, "solo_first_step": True}
     assert "TRIAGE_POLICY_PARAMS" not in command("triage", EngineSizes(), 8100, tmp_path, "m")[1]
     assert "/" not in dir_name(name) and ":" not in dir_name(name)
-    for bad in ("triage:max_step_s=-1", "triage:nope=1", "triage:max_step_s", "sglang"):
+    # a service setting goes to its own TRIAGE_ variable, not to the policy
+    both = "triage:predictor_threads=2+max_step_s=0.2"
+    assert variant_params(both) == {"max_step_s": 0.2}
+    env = command(both, EngineSizes(), 8100, tmp_path, "m")[1]
+    assert env["TRIAGE_PREDICTOR_THREADS"] == "2" and json.loads(env["TRIAGE_POLICY_PARAMS"]) == {"max_step_s": 0.2}
+    for bad in ("triage:max_step_s=-1", "triage:nope=1", "triage:max_step_s", "sglang", "triage:predictor_threads=0",
+                "triage:engine_nice=x"):
         with pytest.raises(ValueError):
             check_system(bad)
     r = subprocess.run(CLI + ["--systems", "triage,triage:no_such_option=1"], capture_output=True, text=True)
     assert r.returncode == 2 and "no_such_option" in r.stderr
+
+
+SIGTERM_BENCH = """
+import subprocess, sys, time
+from pathlib import Path
+from serving.cli.apps import _bench_stops_what_it_started
+from serving.bench.systems import Server, stop
+_bench_stops_what_it_started()          # what `triage bench ...` installs before any command
+p = subprocess.Popen(["sleep", "300"], start_new_session=True)   # a server in its own group
+srv = Server("x", "http://127.0.0.1:1", None, p, Path("/dev/null"))
+try:
+    print(p.pid, flush=True)
+    time.sleep(60)
+finally:
+    stop(srv, grace_s=5)
+"""
+
+
+def test_a_benchmark_killed_with_sigterm_stops_the_servers_it_started():
+    """An operator's `kill` of a running benchmark must not leave a vLLM engine burning the
+    CPU of the next run: SIGTERM unwinds like Ctrl-C, through each server's stop()."""
+    import os
+    import signal
+    import time
+
+    bench = subprocess.Popen([sys.executable, "-c", SIGTERM_BENCH], stdout=subprocess.PIPE, text=True)
+    child = int(bench.stdout.readline())
+    os.kill(child, 0)                       # the "server" runs
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(30) == 143
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the server outlived the benchmark that started it")

@@ -281,6 +281,37 @@ def test_a_step_that_ends_with_an_esi1_first_token_carries_no_other_prefill():
     assert set(plan("triage", st, **LIVE).tokens) == {"dec", "three"}
 
 
+def test_a_protected_prompt_is_not_split_by_the_step_time():
+    """unsplit_prompts (order="level"): two level-1 prompts of 400 tokens (40 ms each with
+    these costs) and a step with time for 1.5 of them: the first runs whole and the second
+    waits whole for the next step, instead of taking 200 tokens now and paying a whole
+    extra step for the other 200 (its first token comes at the end of the next step
+    either way; the first one's comes sooner)."""
+    st = make_state()
+    make_request(st, level=1, prompt=400, arrival=0.90, rid="a")
+    make_request(st, level=1, prompt=400, arrival=0.91, rid="b")
+    cap = 0.01 + 0.06                                          # t_c + 600 tokens of prefill
+    assert plan("triage", st, eta=5.0, max_step_s=cap, **LIVE).tokens == {"a": 400}
+    split = plan("triage", st, eta=5.0, max_step_s=cap, unsplit_prompts=False, **LIVE).tokens
+    assert split["a"] == 400 and split["b"] == pytest.approx(200, abs=1)
+    # the step's first prompt is chunked all the same (a prompt longer than any step progresses)
+    st = make_state()
+    make_request(st, level=1, prompt=2000, arrival=0.9, rid="long")
+    assert 0 < plan("triage", st, eta=5.0, max_step_s=cap, **LIVE).tokens["long"] < 2000
+
+
+def test_no_prompt_is_left_with_a_rest_cheaper_than_a_step():
+    """A chunk whose rest would cost less than the step's fixed time t_c (10 ms = 100
+    tokens here) takes the whole prompt: the rest would cost the request one more step."""
+    st = make_state()
+    make_request(st, level=3, prompt=1000, arrival=0.5, rid="three")
+    cap = 0.01 + 0.095                                         # t_c + 950 tokens
+    assert plan("triage", st, eta=5.0, max_step_s=cap, **LIVE).tokens["three"] == 1000
+    assert plan("triage", st, eta=5.0, max_step_s=cap, unsplit_prompts=False, **LIVE).tokens["three"] == pytest.approx(950, abs=1)
+    cap = 0.01 + 0.05                                          # a rest of 500 tokens: chunked as before
+    assert plan("triage", st, eta=5.0, max_step_s=cap, **LIVE).tokens["three"] == pytest.approx(500, abs=1)
+
+
 @pytest.mark.parametrize("kw", [dict(order="x"), dict(max_step_s=0), dict(max_preemptions=-1), dict(evict_for="x"),
                                 dict(evict_for="deadline", order="slide")])
 def test_triage_refuses_bad_parameters(kw):

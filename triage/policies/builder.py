@@ -19,7 +19,7 @@ TIME_SLACK = 1e-3  # a step within 1 ms of its time budget takes nothing more
 
 
 class BatchBuilder:
-    def __init__(self, view: EngineState, time_budget: float | None = None) -> None:
+    def __init__(self, view: EngineState, time_budget: float | None = None, min_remainder_s: float = 0.0) -> None:
         self.view = view
         self.est = view.estimator
         self.bs = view.kv.block_size
@@ -35,6 +35,10 @@ class BatchBuilder:
         self.budget = time_budget
         self.time_left = math.inf if time_budget is None else time_budget - self.est.beta * self.est.t_c
         self.predicted = self.est.beta * self.est.t_c
+        # a time-cut chunk whose rest would take less than this takes the whole prompt
+        # instead: the rest would cost its request a whole extra step (0: off, Alg. 1's GETMAXCHUNK)
+        self.min_remainder_s = min_remainder_s
+        self.prefills = 0          # prompts (or prompt chunks) granted so far this step
         self.stop = "queue"
         self._preempted: set[str] = set()
         self._reasons: set[str] = set()
@@ -50,9 +54,12 @@ class BatchBuilder:
         """No further request can get anything this step."""
         return self.tokens_left <= 0 or self.time_left <= TIME_SLACK
 
-    def add(self, r: Request, want: int | None = None, *, use_time: bool = True, whole: bool = False) -> int:
+    def add(self, r: Request, want: int | None = None, *, use_time: bool = True, whole: bool = False,
+            unsplit: bool = False) -> int:
         """Grant r up to `want` tokens (default: its need); `whole=True` grants nothing
-        unless the KV blocks for all of it are free (vLLM allocates all or preempts)."""
+        unless the KV blocks for all of it are free (vLLM allocates all or preempts);
+        `unsplit=True`: a prompt the time budget would cut is deferred whole to the next
+        step instead, unless it is the step's first prefill (then it is chunked: progress)."""
         rid = r.id
         if rid in self.tokens or rid in self._preempted:
             return 0
@@ -91,7 +98,13 @@ class BatchBuilder:
                 if est.request_time(1, computed) > self.time_left:
                     return self._cut("time")
             else:
+                full = k
                 k = est.max_chunk(computed, self.time_left, k)
+                if k < full and self.min_remainder_s > 0 and k > 0 and \
+                        est.request_time(full, computed) - est.request_time(k, computed) <= self.min_remainder_s:
+                    k = full
+                if k < full and unsplit and self.prefills:
+                    return self._cut("time")
                 if k <= 0:
                     return self._cut("time")
         bs = self.bs
@@ -120,6 +133,7 @@ class BatchBuilder:
             self.free_blocks -= extra
         if admitting:
             self.seats_left -= 1
+        self.prefills += 1
         return k
 
     def blocks_short(self, r: Request, want: int | None = None) -> int:

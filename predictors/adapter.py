@@ -1,9 +1,15 @@
-"""A site adapter: a calibrated multinomial logistic head on the general model's frozen
-features (`predictors.site_features`), fitted on a site's relabels, with a cost-sensitive
-decision rule and the general model as its safety floor. numpy only.
+"""A site adapter: a calibrated head on the general model's frozen features
+(`predictors.site_features`), fitted on a site's relabels, with a cost-sensitive decision
+rule and the general model as its safety floor. Deciding needs numpy only.
+
+Heads: "logistic" (multinomial, L2), "mlp" (one hidden layer, torch at fit time), and
+"auto": the logistic head, gradient-boosted trees (`predictors.site_trees`, scikit-learn at
+fit time) and their blend (the mean of the two calibrated log-probabilities), whichever has
+the least inner-fold log-loss (trees only with scikit-learn and >= `TREE_MIN_ROWS` rows).
 
 Fitting (`fit_adapter`, training rows only; nothing here sees held-out rows):
-1. Standardise the features; L2 strength chosen from `L2_GRID` by inner k-fold log-loss.
+1. Standardise the features; each head's settings (L2 from `L2_GRID`, trees from
+   `TREE_GRID`, ...) chosen by inner k-fold log-loss, and for "auto" the head too.
 2. Out-of-fold logits of the inner folds -> temperature (`calibration.fit_temperature`):
    the adapter's probabilities are calibrated on rows its weights never saw.
 3. Decision rule: the level j minimising the expected cost sum_g P(g) C[g, j], where an
@@ -21,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -31,14 +37,17 @@ from predictors.calibration import expected_calibration_error, fit_temperature
 from predictors.metrics import urgency_report
 from predictors.model import softmax
 from predictors.site_features import FEATURE_VERSION, VITALS_NAMES
+from predictors.site_trees import TREE_GRID, TREE_MIN_ROWS, TreeHead, fit_trees
+from predictors.site_trees import available as trees_available
 
 L2_GRID = (0.003, 0.01, 0.03, 0.1)
 # the MLP head (`head="mlp"`): input dropout 0.2 -> 64 ReLU units -> dropout 0.5 -> 5 logits,
 # AdamW (lr 3e-3, full batch, seeded); weight decay and epochs chosen by inner log-loss
 MLP_HIDDEN = 64
 MLP_GRID = ((0.01, 150), (0.1, 150), (0.01, 300), (0.1, 300))
-HEADS = ("logistic", "mlp")
-UNDER_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 48.0)
+HEADS = ("logistic", "mlp", "auto")
+# 41 weights, 1 to 48 in equal ratios (~10 % apart): fine enough to land near the budget
+UNDER_WEIGHTS = tuple(float(w) for w in np.round(np.geomspace(1.0, 48.0, 41), 3))
 FLOOR_CONFIDENCE = 0.9
 ADAPTER_FILE, ADAPTER_META = "adapter.npz", "adapter.json"
 
@@ -144,6 +153,20 @@ def fit_mlp(X: np.ndarray, y: np.ndarray, weight_decay: float, epochs: int, k: i
     return f(lin1.weight).T, f(lin1.bias), f(lin2.weight).T, f(lin2.bias)
 
 
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _blend(linear: np.ndarray, trees: np.ndarray, t_linear: float, t_trees: float) -> np.ndarray:
+    """The blend head's scores: the mean of the two heads' calibrated log-probabilities."""
+    return 0.5 * (_log_softmax(linear / t_linear) + _log_softmax(trees / t_trees))
+
+
+def _nll(z: np.ndarray, t: np.ndarray) -> float:
+    return float(-_log_softmax(z)[np.arange(len(t)), t].mean())
+
+
 def _mlp_logits(Z: np.ndarray, params: tuple) -> np.ndarray:
     W1, b1, W, b = params
     return np.maximum(Z @ W1 + b1, 0.0) @ W + b
@@ -211,16 +234,26 @@ class SiteAdapter:
     hidden: int
     W1: np.ndarray | None = None  # MLP head: first layer (None: logistic head)
     b1: np.ndarray | None = None
+    head: str = ""  # "logistic", "mlp", "trees", "blend" ("": an older adapter, logistic or mlp by W1)
+    trees: TreeHead | None = None  # "trees" and "blend"
+    part_temperatures: list | None = None  # "blend": the logistic's and the trees' own temperatures
     floor_confidence: float = FLOOR_CONFIDENCE
     feature_version: int = FEATURE_VERSION
     general_fingerprint: str = ""
     info: dict = field(default_factory=dict)
 
     def logits(self, X: np.ndarray) -> np.ndarray:
+        """Scores before the adapter's temperature (for "blend": the mean calibrated log-probability)."""
+        if self.head == "trees":
+            return self.trees.logits(X)
         Z = (np.asarray(X, dtype=np.float64) - self.mean) / self.scale
         if self.W1 is not None:
             Z = np.maximum(Z @ self.W1 + self.b1, 0.0)
-        return Z @ self.W + self.b
+        z = Z @ self.W + self.b
+        if self.head == "blend":
+            tl, tt = self.part_temperatures
+            return _blend(z, self.trees.logits(X), tl, tt)
+        return z
 
     def probs(self, X: np.ndarray) -> np.ndarray:
         """Calibrated P(level 1..5)."""
@@ -251,8 +284,10 @@ class SiteAdapter:
         arrays = {"mean": self.mean, "scale": self.scale, "W": self.W, "b": self.b}
         if self.W1 is not None:
             arrays.update(W1=self.W1, b1=self.b1)
+        if self.trees is not None:
+            arrays.update(self.trees.arrays())
         np.savez(tmp / ADAPTER_FILE, **arrays)
-        meta = {k: v for k, v in asdict(self).items() if k not in ("mean", "scale", "W", "b", "W1", "b1")}
+        meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("mean", "scale", "W", "b", "W1", "b1", "trees")}
         (tmp / ADAPTER_META).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -265,7 +300,10 @@ class SiteAdapter:
         meta = json.loads((path / ADAPTER_META).read_text(encoding="utf-8"))
         with np.load(path / ADAPTER_FILE) as z:
             arrays = {k: z[k] for k in ("mean", "scale", "W", "b", "W1", "b1") if k in z.files}
-        a = cls(**arrays, **meta)
+            trees = TreeHead.from_arrays(z, meta["hidden"]) if "tree_mean" in z.files else None
+        a = cls(**arrays, **meta, trees=trees)
+        if a.head in ("trees", "blend") and (a.trees is None or (a.head == "blend" and not a.part_temperatures)):
+            raise ValueError(f"adapter at {path} is malformed (head {a.head} without its trees)")
         d_in = len(a.mean) if a.W1 is None else a.W1.shape[1]
         if a.W.shape != (d_in, 5) or a.b.shape != (5,) or (a.W1 is not None and a.W1.shape[0] != len(a.mean)):
             raise ValueError(f"adapter at {path} is malformed (weights {a.W.shape})")
@@ -296,8 +334,9 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
                 folds: int = 5, seed: int = 0, min_per_level: int = 5, general_fingerprint: str = "",
                 head: str = "logistic", progress: ProgressFn | None = None) -> SiteAdapter:
     """Fit on training rows only (see module docstring). `y`, `general_levels`: levels 1-5.
-    `head`: "logistic" (L2 from `L2_GRID`) or "mlp" (weight decay and epochs from `MLP_GRID`),
-    its settings chosen by inner-fold log-loss either way."""
+    `head`: "logistic" (L2 from `L2_GRID`), "mlp" (weight decay and epochs from `MLP_GRID`)
+    or "auto" (logistic, trees or their blend); every setting, and the head for "auto",
+    chosen by inner-fold log-loss."""
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, not {head!r}")
     X = np.asarray(X, dtype=np.float64)
@@ -308,52 +347,74 @@ def fit_adapter(X: np.ndarray, y: np.ndarray, general_levels: np.ndarray, hidden
     Z = (X - mean) / scale
     t = y - 1
     fold = stratified_folds(y, folds, seed)
-    grid = L2_GRID if head == "logistic" else MLP_GRID
+    use_trees = head == "auto" and len(y) >= TREE_MIN_ROWS and trees_available()
+    if head == "mlp":
+        grid = [("mlp", g) for g in MLP_GRID]
+    else:  # L2: strongest first, each warm-starting the next
+        grid = [("logistic", g) for g in sorted(L2_GRID, reverse=True)] + [("trees", g) for g in (TREE_GRID if use_trees else ())]
     oof = {g: np.zeros((len(y), 5)) for g in grid}
     total, done = folds * len(grid) + 1, 0
     for f in range(folds):
         tr, te = fold != f, fold == f
         m, s = _standardise(X[tr])  # inner folds standardise on their own training part
         Ztr, Zte, start = (X[tr] - m) / s, (X[te] - m) / s, None
-        for g in (sorted(grid, reverse=True) if head == "logistic" else grid):  # L2: strongest first, warm-starting the next
-            if head == "logistic":
-                W, b = start = fit_logistic(Ztr, t[tr], g, start=start)
+        for g in grid:
+            kind, v = g
+            if kind == "logistic":
+                W, b = start = fit_logistic(Ztr, t[tr], v, start=start)
                 oof[g][te] = Zte @ W + b
+            elif kind == "mlp":
+                oof[g][te] = _mlp_logits(Zte, fit_mlp(Ztr, t[tr], v[0], v[1], seed=seed))
             else:
-                oof[g][te] = _mlp_logits(Zte, fit_mlp(Ztr, t[tr], g[0], g[1], seed=seed))
+                oof[g][te] = fit_trees(X[tr], t[tr], hidden, v[0], v[1], seed=seed).logits(X[te])
             done += 1
             if progress:
                 progress("fit adapter", done, total)
-    nll = {g: float(-(oof[g] - np.log(np.exp(oof[g] - oof[g].max(1, keepdims=True)).sum(1, keepdims=True))
-                      - oof[g].max(1, keepdims=True))[np.arange(len(t)), t].mean()) for g in grid}
-    best = min(grid, key=lambda v: nll[v])  # an L2 (logistic) or (weight decay, epochs) (mlp)
-    temperature = fit_temperature(oof[best], t)
-    probs = softmax(oof[best], temperature)
+    nll = {g: _nll(oof[g], t) for g in grid}
+    best = {kind: min((g for g in grid if g[0] == kind), key=lambda g: nll[g]) for kind in {g[0] for g in grid}}
+    # candidate heads, compared by inner log-loss after each one's own temperature
+    cand = {kind: oof[g] for kind, g in best.items()}
+    part_t = None
+    if "trees" in best:
+        part_t = [fit_temperature(cand["logistic"], t), fit_temperature(cand["trees"], t)]
+        cand["blend"] = _blend(cand["logistic"], cand["trees"], *part_t)
+    cal_nll = {kind: _nll(z / fit_temperature(z, t), t) for kind, z in cand.items()}
+    chosen = min(cal_nll, key=cal_nll.get)
+    temperature = fit_temperature(cand[chosen], t)
+    probs = softmax(cand[chosen], temperature)
     gp = np.exp(X[:, hidden:hidden + 5])
     fa = X[:, hidden + 5 + VITALS_NAMES.index("floor_A")] > 0.5
     floor = general_floor_mask(gp, fa, gl, FLOOR_CONFIDENCE)
     general_under = under_triage_12(y, gl)
     bud = general_under if budget is None else float(budget)
     w, table = choose_under_weight(probs, y, gl, floor, bud)
-    W1 = b1 = None
-    if head == "logistic":
-        W, b = fit_logistic(Z, t, best)
-    else:
-        W1, b1, W, b = fit_mlp(Z, t, best[0], best[1], seed=seed)
+    W1 = b1 = trees = None
+    W, b = np.zeros((X.shape[1], 5)), np.zeros(5)
+    if chosen in ("logistic", "blend"):
+        W, b = fit_logistic(Z, t, best["logistic"][1])
+    elif chosen == "mlp":
+        W1, b1, W, b = fit_mlp(Z, t, best["mlp"][1][0], best["mlp"][1][1], seed=seed)
+    if chosen in ("trees", "blend"):
+        trees = fit_trees(X, t, hidden, best["trees"][1][0], best["trees"][1][1], seed=seed)
     if progress:
         progress("fit adapter", total, total)
     oof_levels = decide_levels(probs, w, gl, floor)
+    mlp_cfg = best["mlp"][1] if "mlp" in best else None
     info = {
-        "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "head": head,
-        "l2": best if head == "logistic" else None,
-        "mlp": None if head == "logistic" else {"hidden": MLP_HIDDEN, "weight_decay": best[0], "epochs": best[1]},
-        "inner_folds": folds, "inner_nll": {str(g): v for g, v in nll.items()} if head == "mlp" else nll, "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
+        "n_train": int(len(y)), "counts": [int((y == lv).sum()) for lv in range(1, 6)], "head": chosen, "head_asked": head,
+        "l2": best["logistic"][1] if "logistic" in best and chosen != "trees" else None,
+        "mlp": None if mlp_cfg is None else {"hidden": MLP_HIDDEN, "weight_decay": mlp_cfg[0], "epochs": mlp_cfg[1]},
+        "trees": None if chosen not in ("trees", "blend") else {"pca": best["trees"][1][0], "depth": best["trees"][1][1]},
+        "inner_folds": folds, "inner_nll": {f"{k}:{v}": round(x, 5) for (k, v), x in nll.items()},
+        "inner_nll_calibrated": {k: round(v, 5) for k, v in cal_nll.items()},
+        "budget_under_triage_1_2": bud, "budget_from": "general" if budget is None else "given",
         "general_under_triage_1_2_train": general_under, "under_weight_table": table,
         "oof": {"accuracy": float((oof_levels == y).mean()), "under_triage_1_2": under_triage_12(y, oof_levels),
-                "ece_uncalibrated": expected_calibration_error(softmax(oof[best], 1.0), t),
+                "ece_uncalibrated": expected_calibration_error(softmax(cand[chosen], 1.0), t),
                 "ece": expected_calibration_error(probs, t)},
     }
-    return SiteAdapter(mean=mean, scale=scale, W=W, b=b, W1=W1, b1=b1, temperature=float(temperature), under_weight=float(w), hidden=hidden,
+    return SiteAdapter(mean=mean, scale=scale, W=W, b=b, W1=W1, b1=b1, temperature=float(temperature), under_weight=float(w),
+                       hidden=hidden, head=chosen, trees=trees, part_temperatures=None if chosen != "blend" else [float(x) for x in part_t],
                        general_fingerprint=general_fingerprint, info=info)
 
 

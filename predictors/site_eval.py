@@ -3,9 +3,9 @@
 `evaluate_ktas_adaptation(k=5)` splits the 1,267 KTAS visits into k stratified folds. For
 each fold, the other k-1 folds play the site's relabel log (their KTAS *expert* levels are
 the operators' relabels; `KTAS_RN`, the triage nurses' levels, is never read as a feature
-or a label) and `predictors.adapter.fit_adapter` fits an adapter on them alone: its L2
-strength, its temperature and its cost-sensitive decision rule are chosen by inner folds
-*inside* the training folds. The held-out fold is then decided once. This is the only place
+or a label) and `predictors.adapter.fit_adapter` fits an adapter on them alone: its head
+(logistic, trees or their blend) and that head's settings, its temperature and its
+cost-sensitive decision rule are chosen by inner folds *inside* the training folds. The held-out fold is then decided once. This is the only place
 KTAS labels touch any fitting, and only inside this evaluation; nothing it fits is kept.
 
 Reported per fold and overall (the k test folds pooled): accuracy, under-triage of levels
@@ -37,7 +37,7 @@ ProgressFn = Callable[[str, int, int], None]
 # sets its own (`--adapt kfold=5,budget=B`); the production path (`triage adapt`) keeps the
 # general model's under-triage as its budget.
 SITE_BUDGET = 0.12
-SITE_HEAD = "mlp"
+SITE_HEAD = "auto"  # logistic, trees or their blend, chosen per fold by inner log-loss
 KEYS = ("n", "accuracy", "under_triage_1_2", "level1_recall", "over_triage", "within_one", "macro_f1", "critical_to_3plus")
 
 
@@ -126,7 +126,8 @@ def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None 
             "adapted": {**_fig(gold[te], adapted[te]), "ece": expected_calibration_error(aprobs[te], gold[te] - 1)},
             "zero_shot": {**_fig(gold[te], general[te]), "ece": expected_calibration_error(gprobs[te], gold[te] - 1)},
             "adapter_argmax": _fig(gold[te], argmax[te]),
-            "chosen": {"head": head, "l2": ad.info["l2"], "mlp": ad.info["mlp"], "temperature": round(ad.temperature, 4), "under_weight": ad.under_weight,
+            "chosen": {"head": ad.info["head"], "l2": ad.info["l2"], "mlp": ad.info["mlp"], "trees": ad.info["trees"],
+                       "inner_nll_calibrated": ad.info["inner_nll_calibrated"], "temperature": round(ad.temperature, 4), "under_weight": ad.under_weight,
                        "budget_under_triage_1_2": round(ad.info["budget_under_triage_1_2"], 4),
                        "inner_oof": {kk: round(v, 4) for kk, v in ad.info["oof"].items()}},
         })

@@ -34,6 +34,8 @@ else
 fi
 # dev dependencies added after the last stamp (a fresh machine gets them from .[dev] above)
 "$VENV/bin/python" -c "import schemathesis" 2>/dev/null || $PIP install "schemathesis>=4.3,<5"
+# ml dependencies added after the last stamp (the site adapter's trees)
+"$VENV/bin/python" -c "import sklearn" 2>/dev/null || $PIP install "scikit-learn>=1.4"
 
 # The tests drive the operator page in Debian's Chromium (scripts/test.sh asks for it).
 if [ "${TRIAGE_SETUP_BROWSER:-0}" = "1" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then

@@ -140,7 +140,7 @@ class SiteRegistry:
             raise AdaptError(f"the held-out part (the newest {n_hold} relabels) has no level 1-2 relabel, so under-triage "
                              "cannot be checked; collect more relabels (nothing was changed)")
         hidden = log_.X.shape[1] - 5 - len(VITALS_NAMES)
-        adapter = fit_adapter(log_.X[tr], ytr, log_.general[tr], hidden, seed=seed, min_per_level=2,
+        adapter = fit_adapter(log_.X[tr], ytr, log_.general[tr], hidden, seed=seed, min_per_level=2, head="auto",
                               general_fingerprint=self.fingerprint, progress=progress)
         live = self.live_row()
         current = log_.general[te]
@@ -155,7 +155,7 @@ class SiteRegistry:
         fig["current"]["model"] = current_name
         ok, verdict = promotion_verdict(fig)
         fig["adapted"]["ece"] = _ece(adapter.probs(log_.X[te]), yte)
-        fig["training"] = {k: adapter.info[k] for k in ("n_train", "counts", "l2", "budget_under_triage_1_2", "oof")}
+        fig["training"] = {k: adapter.info[k] for k in ("n_train", "counts", "head", "l2", "trees", "budget_under_triage_1_2", "oof")}
         fig["training"].update(under_weight=adapter.under_weight, temperature=adapter.temperature, skipped=log_.skipped)
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":

@@ -18,7 +18,6 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 db_app = typer.Typer(no_args_is_help=True, help="Audit database.")
 
 
-
 @bench_app.callback()
 def _bench_stops_what_it_started() -> None:
     """A benchmark killed with SIGTERM unwinds like one stopped with Ctrl-C: the servers it

@@ -164,7 +164,8 @@ def test_gorouting_colocated_exec_counts_decodes_at_their_contexts_and_pd_uses_p
     g.on_finish(req("d0", prompt=12_000), 0, 2.0)
     assert g.exec_time(long_i, 2.0) == 0.0 and g._map[0].ctx_d == 0
     r = req(level=3, prompt=500)
-    assert g._phi(pre, [r, r], 0.5, 0.0) == pytest.approx(0.5 + 2 * est.beta * est.t_c)   # φp
+    dl1, tpot = np.array([r.deadline(1)] * 2), np.array([r.tpot_slo] * 2)
+    assert g._phi(pre, dl1, tpot, 0.5, 0.0) == pytest.approx(0.5 + 2 * est.beta * est.t_c)   # φp
 
 
 def test_decode_pool_by_free_blocks():
@@ -253,9 +254,9 @@ def test_gorouting_keeps_the_eta_floor_when_a_queued_request_is_overdue():
         n_tok = int(s / est.prefill_time(1000) * 1000)
         g.on_dispatch(req(f"w{i}", level=3, prompt=n_tok, arrival=99.0), i, 100.0, pool[i])
     new = req("new", level=2, prompt=500, arrival=100.0)     # ESI-2: TTFT SLO 4 s
-    q = [r for r, _ in g._ahead(pool[1], new)]
-    assert any(r.deadline(1) < 100.0 for r in q)
-    assert np.isfinite(g._phi(pool[1], q, 0.5, 100.0))
+    _, dl1, _, tpot = g._ahead(pool[1], new)
+    assert (dl1 < 100.0).any()
+    assert np.isfinite(g._phi(pool[1], dl1, tpot, 0.5, 100.0))
     picks = {g.route(new, pool, 100.0) for _ in range(8)}
     assert picks == {1}                                      # the one instance where it meets its SLO, every time
 
@@ -293,3 +294,44 @@ def test_fb_pab_rejects_when_no_instance_has_budget_for_the_prompt():
     rej = make_router("pab", reject=True)
     assert rej.route(r, [full], 0.0) == REJECT and rej.rejected == 1
     assert rej.route(r, [full, FakeLoad(1)], 0.0) == 1                    # room elsewhere: admitted there
+
+
+def _reference_gain(g, p, reqs, exec_s, now):
+    """ESTIMATEGAIN written out request by request, as the seed prints it (the router keeps
+    its queues as numpy columns instead)."""
+    est = p.estimator
+    t_c = est.beta * est.t_c
+    remain = min((r.deadline(1) - now for r in reqs), default=np.inf)
+    t_budget = max(min(remain, min((r.tpot_slo for r in reqs), default=np.inf)), g.eta)
+    phi = (np.inf if exec_s > 0 else 0.0) if not t_budget > t_c else t_budget / (t_budget - t_c) * exec_s
+    return sum(r.weight for r in reqs if now + phi < r.deadline(1))
+
+
+@pytest.mark.parametrize("view", ["arrival", "level"])
+def test_gorouting_gains_equal_the_request_by_request_sum_as_queues_grow_and_drain(view):
+    """Over a stream of dispatches, first tokens and finishes on three instances, every
+    instance's Δ (line 4-5) equals the per-request sum, and each pick is Alg. 2's."""
+    rng = np.random.default_rng(3)
+    g = make_router("gorouting", view=view)
+    pool = [FakeLoad(i) for i in range(3)]
+    where: dict[str, tuple[Request, int]] = {}
+    for k in range(300):
+        now = 0.05 * k
+        new = req(f"r{k}", level=int(rng.integers(1, 6)), prompt=int(rng.integers(20, 2000)), arrival=now)
+        for p in pool:
+            q = [r for r, _ in g._q(p).reqs.values() if view == "arrival" or r.level <= new.level]
+            e = g.exec_time(p, now, new)
+            e_req = e + p.estimator.prefill_time(new.need, new.computed)
+            _, dl1, w, tpot = g._ahead(p, new)
+            assert g.estimate_gain(p, dl1, w, tpot, e, now) == pytest.approx(_reference_gain(g, p, q, e, now))
+            post = g.estimate_gain(p, np.append(dl1, new.deadline(1)), np.append(w, new.weight),
+                                   np.append(tpot, new.tpot_slo), e_req, now)
+            assert post == pytest.approx(_reference_gain(g, p, [*q, new], e_req, now))
+        i = g.route(new, pool, now)
+        g.on_dispatch(new, i, now, pool[i])
+        where[new.id] = (new, i)
+        for rid in [rid for rid in where if rng.random() < 0.05]:   # some first tokens, some finishes
+            r, j = where.pop(rid)
+            g.on_first_token(r, j, now)
+            if rng.random() < 0.5:
+                g.on_finish(r, j, now)

@@ -7,7 +7,7 @@ heartbeat every `beat_s`; a daemon thread checks it. When the heartbeat is older
 `threshold_s`, the thread logs one WARNING with the loop thread's Python stack at that
 moment (code locations only: no variables, so no prompt text), and when the loop runs
 again one line with the stall's length. `triage_event_loop_stall_seconds` counts every
-stall; `stalls` keeps the last few (duration, stack) for tests and the status endpoint.
+stall; `stalls` keeps the last few (duration, stack) for a debugger or a test.
 
     dog = LoopWatchdog(threshold_s=1.0, on_stall=metrics.loop_stall.observe)
     dog.start(asyncio.get_running_loop())   # from a coroutine on that loop

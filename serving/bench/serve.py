@@ -114,7 +114,8 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     n = len(turn.walls)
     if n > 1 and len(turn.results) % n == 0:
         k = len(turn.results) // n
-        reps = [summarize(turn.results[i * k:(i + 1) * k], turn.walls[i:i + 1], _classes()) for i in range(n)]
+        classes = _classes()
+        reps = [summarize(turn.results[i * k:(i + 1) * k], turn.walls[i:i + 1], classes) for i in range(n)]
         out["per_rep"] = [{"wall_s": r["wall_s"], "tokens_per_s": r["tokens_per_s"],
                            "esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]} for r in reps]
     return out

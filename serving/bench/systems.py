@@ -35,16 +35,19 @@ def is_triage(name: str) -> bool:
     return name == "triage" or name.startswith("triage" + VARIANT_SEP)
 
 
-def _variant_items(name: str) -> dict[str, str]:
+def _variant_split(name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A `triage:...` name's raw KEY=VALUE items: (policy options, service settings)."""
     if not name.startswith("triage" + VARIANT_SEP):
-        return {}
-    out = {}
+        return {}, {}
+    from serving.settings import Settings
+
+    policy, settings = {}, {}
     for item in name.split(VARIANT_SEP, 1)[1].split(PARAM_SEP):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"{name!r}: options are KEY=VALUE joined by {PARAM_SEP!r}, e.g. triage:max_step_s=0.2")
-        out[key] = value
-    return out
+        (settings if key in Settings.model_fields else policy)[key] = value
+    return policy, settings
 
 
 def variant_settings(name: str) -> dict[str, str]:
@@ -54,7 +57,7 @@ def variant_settings(name: str) -> dict[str, str]:
 
     from serving.settings import Settings
 
-    items = {k: v for k, v in _variant_items(name).items() if k in Settings.model_fields}
+    items = _variant_split(name)[1]
     for key, value in items.items():
         try:
             Settings.__pydantic_validator__.validate_assignment(Settings.model_construct(), key, value)
@@ -64,14 +67,10 @@ def variant_settings(name: str) -> dict[str, str]:
 
 
 def variant_params(name: str) -> dict:
-    """The policy options a `triage:...` system name carries ({} for plain "triage");
-    ValueError naming what is wrong."""
-    from serving.settings import Settings
-
+    """The policy options a `triage:...` system name carries ({} for plain "triage"),
+    values read as JSON; ValueError naming what is wrong."""
     out = {}
-    for key, value in _variant_items(name).items():
-        if key in Settings.model_fields:
-            continue
+    for key, value in _variant_split(name)[0].items():
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -84,3 +84,17 @@ def test_seed000_ablation_batch_capacity_follows_alg1():
     for k in ("w/ only deadline", "w/ only density", "ours"):
         assert steps[k].max_num_batched_tokens == seed000.UNBOUND_TOKENS
         assert steps[k].params["eta"] == eta
+
+
+def test_envelope_attainment_needs_every_token_inside_its_deadline():
+    """Seed 001's SLO (every per-token deadline a + L_ttft + k·L_tbt) and seed 002's
+    envelope: one late token is a miss, a rejected request is a miss."""
+    from types import SimpleNamespace
+
+    from triage.sim.reproduce.common import envelope_attainment, uniform_classes
+
+    classes = uniform_classes(1.0, 0.1, weights=(1.0,))
+    ok = SimpleNamespace(arrival=0.0, level=1, token_times=[0.9, 1.05, 1.2])      # deadlines 1.0, 1.1, 1.2
+    late = SimpleNamespace(arrival=0.0, level=1, token_times=[0.5, 0.6, 1.25])    # mean TPOT fine, last token late
+    assert envelope_attainment({"requests_done": [ok, late], "rejected": 0}, classes) == 0.5
+    assert envelope_attainment({"requests_done": [ok], "rejected": 1}, classes) == 0.5

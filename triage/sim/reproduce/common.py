@@ -70,6 +70,23 @@ def run(trace: list[TraceRequest], system: System, profile: str, classes: Priori
     return s
 
 
+def envelope_met(r, ttft: float, tpot: float) -> bool:
+    """Every token j inside arrival + TTFT_slo + (j − 1)·TPOT_slo (the token-deadline
+    envelope of seeds 000, 001 and 002)."""
+    tt = r.token_times
+    return bool(tt) and all(t <= r.arrival + ttft + j * tpot + 1e-9 for j, t in enumerate(tt))
+
+
+def envelope_attainment(summary: dict, classes: PriorityClasses) -> float | None:
+    """Share of the offered requests with every token inside its (gold) class's envelope
+    (a rejected request counts as a miss)."""
+    reqs = summary["requests_done"]
+    n = len(reqs) + summary.get("rejected", 0)
+    if not n:
+        return None
+    return sum(envelope_met(r, classes.get(r.level).ttft, classes.get(r.level).tpot) for r in reqs) / n
+
+
 def strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "requests_done"}
 

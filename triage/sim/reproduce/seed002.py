@@ -14,7 +14,7 @@ candidate budget and the best peak kept.
 """
 from __future__ import annotations
 
-from triage.sim.reproduce.common import AZURE_CONV, Progress, System, row, run, uniform_classes
+from triage.sim.reproduce.common import AZURE_CONV, Progress, System, envelope_met, row, run, uniform_classes
 from triage.sim.traces import load_trace
 
 PROFILE = "a100-qwen1.5-7b-analytic"   # roofline A100-80GB/7B (the published a100 profile's quadratic
@@ -57,12 +57,6 @@ def sweep(sysm: System, scales, *, limit: int, instances: int, classes, progress
         if tick:
             tick()
     return pts
-
-
-def envelope_met(r, ttft: float, tpot: float) -> bool:
-    """Every token j inside arrival + TTFT_slo + (j − 1)·TPOT_slo (§3.1's envelope)."""
-    tt = r.token_times
-    return bool(tt) and all(t <= r.arrival + ttft + j * tpot + 1e-9 for j, t in enumerate(tt))
 
 
 def envelope_tpot_p99(reqs, ttft: float) -> float | None:

@@ -4,9 +4,16 @@ and the preemption granularity.
 
 Workload: heterogeneous TTFT SLOs as Table 2 (Llama3-8B: text 0.25 s ... file 6 s):
 short ShareGPT requests with the strict "text" SLO and long arXiv requests with the
-loose "file" SLO, 3 : 1, Poisson arrivals (QwenTrace is not available here), SLOs × the
-profile's slo_scale. FlowPrefill preempts at operator boundaries; this engine between
-steps only: `max_chunk` gives the chunk-boundary preemption vLLM allows, measured beside.
+loose "file" SLO, 3 : 1, Poisson arrivals (QwenTrace is not available here). SLOs of the
+paper's PD-colocated run (§6.5): TTFT 3x Table 2, TBT 0.1 s (text) and 0.2 s (file);
+attainment counts TTFT only (§6.1). FlowPrefill preempts at operator boundaries; this
+engine between steps only: `max_chunk` gives the chunk-boundary preemption vLLM allows,
+measured beside. The FCFS baseline is vLLM with chunked prefill at 2,048 tokens
+(vLLM-CP2K, the profile's token budget).
+
+Hardware: the paper runs on A800-SXM4-80GB; the roofline A100-80GB/7B profile stands in.
+The a5000 profile (16k tokens of KV) saturates near 0.24 req/s on these prompts, below
+every rate of the sweep.
 """
 from __future__ import annotations
 
@@ -15,8 +22,10 @@ from triage.profiles import load_profile
 from triage.sim.reproduce.common import (Progress, System, largest_passing, mixed_lengths_trace, row, run,
                                          ttft_attainment)
 
-PROFILE = "a5000-qwen1.5-7b"
+PROFILE = "a100-qwen1.5-7b-analytic"   # A800-80GB in the paper
+COLOCATED = 3.0                        # §6.5: TTFT SLOs relaxed 3x in the PD-colocated setting
 TEXT_TTFT, FILE_TTFT = 0.25, 6.0      # Table 2, Llama3-8B
+TEXT_TBT, FILE_TBT = 0.1, 0.2         # §6.5
 STEPS = [System("s-edf", "sedf"), System("edf", "sedf", {"rule": "edf"}), System("d-edf", "sedf", {"rule": "dedf"}),
          System("s-edf, 512-token chunks", "sedf", {"max_chunk": 512}),
          System("fcfs (vLLM)", "fcfs")]
@@ -24,9 +33,9 @@ STEPS = [System("s-edf", "sedf"), System("edf", "sedf", {"rule": "edf"}), System
 
 def run_seed(*, quick: bool = False, progress: Progress = None) -> dict:
     prof = load_profile(PROFILE)
-    sc = prof.slo_scale
-    classes = PriorityClasses({1: PriorityClass(1, "text", 1.0, TEXT_TTFT * sc, 0.1 * sc),
-                               2: PriorityClass(2, "file", 1.0, FILE_TTFT * sc, 0.1 * sc)})
+    sc = COLOCATED
+    classes = PriorityClasses({1: PriorityClass(1, "text", 1.0, TEXT_TTFT * sc, TEXT_TBT),
+                               2: PriorityClass(2, "file", 1.0, FILE_TTFT * sc, FILE_TBT)})
     n = 400 if quick else 800
     parts = [("sharegpt", 3 * n // 4, 1), ("arxiv", n // 4, 2)]
     rates = (0.5, 1.0, 1.5) if quick else (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -44,7 +53,7 @@ def run_seed(*, quick: bool = False, progress: Progress = None) -> dict:
                 progress(done)
         out["steps"][sysm.label] = {"points": pts, "goodput": largest_passing(pts, 0.9), "text_ttft_p50": ttft50}
     g = {k: v["goodput"] for k, v in out["steps"].items()}
-    setup = (f"simulated; a5000-qwen1.5-7b, co-located, {n} requests ShareGPT ('text', TTFT {TEXT_TTFT * sc:g} s) : "
+    setup = (f"simulated; {PROFILE} (paper: A800-80GB), co-located, {n} requests ShareGPT ('text', TTFT {TEXT_TTFT * sc:g} s) : "
              f"arXiv ('file', TTFT {FILE_TTFT * sc:g} s) = 3:1 (paper: QwenTrace, 4 task SLOs, Llama3-8B/Qwen2.5-14B/"
              "Llama3-70B); TTFT-only attainment; preemption between steps (paper: operator level)")
     ratio = lambda a, b: f"{g[a] / g[b]:.2f}x ({g[a]:.2f} vs {g[b]:.2f} req/s)" if g[b] > 0 else f"{g[a]:.2f} vs 0"  # noqa: E731

@@ -511,3 +511,20 @@ def test_fairbatching_never_returns_an_empty_plan_when_contexts_exceed_the_budge
     pol._model = (id(st.estimator), (a / st.estimator.beta, b / st.estimator.beta, 1.0))   # 1 s per context token
     plan = pol.plan(st, NOW)
     assert plan.tokens == {urgent.id: 1}                 # the most urgent decode, one token
+
+
+def test_slidebatching_decodes_always_keeps_a_normal_decode_in_the_batch():
+    """§4.3: "decode requests are always included in the batch". Alg. 1 as printed
+    (decodes="queue") ranks a decode ahead of its deadline NORMAL, behind an overdue
+    prefill that fills the η budget; decodes="always" runs it first, whatever the budget."""
+    st = make_state(limits=Limits(max_num_seqs=256, max_num_batched_tokens=8192))
+    dec = add_decoding(st, level=3, arrival=NOW - 0.1)
+    late = add_waiting(st, level=1, prompt=3000, arrival=NOW - 10 * CLASSES.get(1).ttft)  # overdue: URGENT
+    queue = make_policy("slidebatching").plan(st, NOW)
+    always = make_policy("slidebatching", decodes="always").plan(st, NOW)
+    assert late.id in queue.tokens and dec.id not in queue.tokens
+    assert list(always.tokens)[0] == dec.id and always.tokens[dec.id] == 1
+    assert 0 < always.tokens[late.id] <= queue.tokens[late.id]
+    check_plan(st, always)
+    with pytest.raises(ValueError, match="decodes"):
+        make_policy("slidebatching", decodes="never")

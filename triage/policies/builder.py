@@ -156,14 +156,15 @@ class BatchBuilder:
     def is_preempted(self, r: Request) -> bool:
         return r.id in self._preempted
 
-    def add_or_evict(self, r: Request, victims: list[Request], *, outranks=None, keep=None) -> int:
+    def add_or_evict(self, r: Request, victims: list[Request], *, outranks=None, keep=None,
+                     use_time: bool = True) -> int:
         """Grant r its tokens, preempting from `victims` first if its KV blocks (or a
         seat) are missing: the fast path costs one `add`."""
-        k = self.add(r, whole=True)
+        k = self.add(r, whole=True, use_time=use_time)
         if k or r.id in self.tokens or r.id in self._preempted:
             return k
         if self.make_room(r, victims, outranks=outranks, keep=keep):
-            return self.add(r, whole=True)
+            return self.add(r, whole=True, use_time=use_time)
         return 0
 
     def make_room(self, r: Request, victims: list[Request], *, outranks=None, keep=None) -> bool:

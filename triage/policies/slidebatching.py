@@ -18,6 +18,17 @@ NORMAL, ascending remain), `partition="density"` (w/ only density: every request
 descending density), `latency_aware=False` (w/o latency-aware: no time budget, the batch
 is bounded by the instance's token budget only; φ still uses max(t_min, η)).
 
+`decodes="always"`: every running decode joins the batch before the ordered queue is
+walked, whatever its URGENT/NORMAL state and the time budget (it still needs its KV
+block). Alg. 1 as printed sorts all of Q, running decodes included, so a decode ahead of
+its deadline (NORMAL) waits behind every URGENT prefill (`decodes="queue"`, the default).
+§4.3 (GoRouting, PD co-located) "assume[s] that decode requests are always included in
+the batch (since their execution time is short and TPOT is typically small)", and §4.2
+argues t_budget stays within [η, max TPOT_SLO] because a running request's remain is
+below its TPOT SLO: both read as an engine that keeps decodes in every step. Measured
+(docs/reproduction.md, seed 000): at high load the queue rule lets NORMAL decodes burn
+their slack behind URGENT prefills until they miss.
+
 Q is every running and waiting request; the waiting side is read from the state's numpy
 columns, so one plan at 1,000 waiting + 256 running is a few vector operations.
 """
@@ -90,13 +101,18 @@ class SlideBatching(Policy):
 
     PARTITIONS = ("adaptive", "deadline", "density")
 
+    DECODES = ("queue", "always")
+
     def __init__(self, phi: str = "a", gamma: float = 1.0, eta: float = 0.1, partition: str = "adaptive",
-                 latency_aware: bool = True) -> None:
+                 latency_aware: bool = True, decodes: str = "queue") -> None:
         if phi not in ("a", "c", "p"):
             raise ValueError("phi must be 'a', 'c' or 'p'")
         if partition not in self.PARTITIONS:
             raise ValueError(f"partition must be one of {', '.join(self.PARTITIONS)}, got {partition!r}")
+        if decodes not in self.DECODES:
+            raise ValueError(f"decodes must be one of {', '.join(self.DECODES)}, got {decodes!r}")
         self.phi = phi
+        self.decodes = decodes              # running decodes: in Q's order (Alg. 1) or always in the batch (§4.3)
         self.gamma = gamma
         self.eta = eta
         self.partition = partition          # §5.4 ablation: adaptive (Alg. 1 lines 8-13) or one strategy only
@@ -114,6 +130,13 @@ class SlideBatching(Policy):
         order = q.order(urgent)
         b = BatchBuilder(view, time_budget=t_budget if self.latency_aware else None)
         victims = list(view.running)  # the engine underneath (vLLM) preempts the newest first
+        if self.decodes == "always":
+            # §4.3: decodes are always in the batch, ahead of the ordered queue (their KV still counts)
+            dec = np.flatnonzero(q.need[: q.n_run] == 1)
+            for i in dec[np.argsort(order.argsort()[dec], kind="stable")].tolist():
+                r = q.reqs[i]
+                if not b.is_preempted(r):
+                    b.add_or_evict(r, victims, use_time=False)
         admit_open = True
         running_left = q.n_run
         for i in order.tolist():

@@ -84,6 +84,9 @@ def test_seed000_ablation_batch_capacity_follows_alg1():
     for k in ("w/ only deadline", "w/ only density", "ours"):
         assert steps[k].max_num_batched_tokens == seed000.UNBOUND_TOKENS
         assert steps[k].params["eta"] == eta
+    # §4.3's engine (decodes always in the batch) under every step; Alg. 1 as printed beside
+    assert all(s.params["decodes"] == "always" for s in seed000.STEPS)
+    assert seed000.PRINTED.params == {**steps["ours"].params, "decodes": "queue"}
 
 
 def test_envelope_attainment_needs_every_token_inside_its_deadline():

@@ -70,6 +70,25 @@ def ktas_text(row: dict) -> str:
     return ", ".join(parts)
 
 
+_ARRIVAL = {"1": "walk-in", "2": "public ambulance", "3": "private vehicle", "4": "private ambulance"}
+
+
+def ktas_site_fields(row: dict) -> str:
+    """The triage-time fields of a KTAS record that `ktas_text` leaves out, as a site's request
+    would state them: ", arrival: <walk-in|public ambulance|private vehicle|private ambulance|
+    other>, injury: <yes|no>". Appended for the site adapter's structured block only (see
+    `predictors.site_eval`); the general model reads `ktas_text` alone, so zero-shot figures
+    do not depend on it."""
+    parts = []
+    mode = (row.get("Arrival mode") or "").strip()
+    if mode:
+        parts.append(f"arrival: {_ARRIVAL.get(mode, 'other')}")
+    inj = (row.get("Injury") or "").strip()
+    if inj in ("1", "2"):
+        parts.append(f"injury: {'yes' if inj == '2' else 'no'}")
+    return "".join(", " + p for p in parts)
+
+
 def _read_gz_csv(path: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found (shared datasets are read in place; set TRIAGE_DATASETS)")
@@ -77,11 +96,13 @@ def _read_gz_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def load_ktas() -> tuple[list[str], list[int], list[int | None]]:
-    """(texts, expert gold levels, triage-nurse levels) for all records."""
+def load_ktas(site_fields: bool = False) -> tuple[list[str], list[int], list[int | None]]:
+    """(texts, expert gold levels, triage-nurse levels) for all records; with `site_fields`,
+    each text is followed by `ktas_site_fields` (arrival mode, injury)."""
     rows = _read_gz_csv(shared_datasets_dir() / KTAS_FILE)
     nurse = [int(r["KTAS_RN"]) if _num(r.get("KTAS_RN", "")) else None for r in rows]
-    return [ktas_text(r) for r in rows], [int(r["KTAS_expert"]) for r in rows], nurse
+    texts = [ktas_text(r) + (ktas_site_fields(r) if site_fields else "") for r in rows]
+    return texts, [int(r["KTAS_expert"]) for r in rows], nurse
 
 
 def load_semigran() -> tuple[list[str], list[str]]:

@@ -13,6 +13,11 @@ Reported per fold and overall (the k test folds pooled): accuracy, under-triage 
 adapter's calibrated probabilities, beside the same figures of the general model zero-shot
 on the same rows, and of the adapter's plain argmax (no cost rule, no floor).
 
+The general model reads the same KTAS text as the zero-shot evaluation
+(`predictors.evaluate.ktas_text`); the adapter's structured block also reads the record's
+arrival mode and injury flag, which a site's request would state (`ktas_site_fields`:
+", arrival: private ambulance, injury: no"), so the zero-shot column does not change.
+
 The general model's pooled vectors and probabilities of the KTAS texts are cached under the
 state dir (`cache/ktas-site-features-<fingerprint>.npz`), keyed by the urgency model's
 weights, the feature layout and the texts, so reruns skip the encoder.
@@ -98,11 +103,12 @@ def evaluate_ktas_adaptation(k: int = 5, *, seed: int = 0, budget: float | None 
         raise ValueError("kfold needs k >= 2")
     texts, gold, _nurse_never_used = load_ktas()
     del _nurse_never_used  # KTAS_RN: reference only in the zero-shot report, never here
+    site_texts = load_ktas(site_fields=True)[0]  # + arrival mode and injury, for the structured block
     gold = np.asarray(gold, dtype=int)
     model_dir = Path(model_dir or default_model_dir("urgency"))
     pooled, gprobs, info = general_outputs(texts, model_dir, threads, runtime, progress)
     general = np.array([d.level for d in decide_many(gprobs, texts, info["escalate_below"])])
-    X = site_features(pooled, gprobs, texts)
+    X = site_features(pooled, gprobs, site_texts)
     hidden = pooled.shape[1]
     fold = stratified_folds(gold, k, seed)
     adapted = np.zeros(len(gold), dtype=int)

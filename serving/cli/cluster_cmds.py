@@ -31,7 +31,8 @@ def instance(
     e.g. `triage instance --port 8001 --max-num-seqs 16 --max-num-queued-reqs 64`."""
     import shlex
 
-    from serving.instance.launch import instance_command, instance_env
+    from serving.engine import vllm_env
+    from serving.instance.launch import instance_command
     from serving.model_prep import default_model_dir, prepare_default_model
 
     if model is None and not dry_run and not (default_model_dir() / "config.json").exists():
@@ -42,7 +43,7 @@ def instance(
     if dry_run:
         typer.echo(shlex.join(cmd))
         return
-    env = instance_env(cpus, threads=threads)
+    env = vllm_env(cpus=cpus, threads=threads)
     typer.echo(f"triage instance on http://{host}:{port} ({'stock vLLM priority' if stock else 'scheduler ' + policy}); "
                f"load: http://{host}:{port}/triage/load", err=True)
     os.execvpe(cmd[0], cmd, env)   # vLLM's server becomes this process: signals reach it directly

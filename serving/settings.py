@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(32, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     kv_cache_gib: float = Field(1.0, gt=0)
+    # vllm backend: host memory for vLLM's native KV offloading, so a preempted request's KV is
+    # kept instead of recomputed (seed 004's cache branch). Unset: auto (GPU: a quarter of the
+    # free host memory, at most 16 GiB; CPU: off, vLLM has no offloading there)
+    kv_offload_gib: float | None = Field(None, ge=0)
     sim_speed: float = Field(1.0, gt=0)        # simulated seconds per wall second
     sim_seed: int = 0
     classes_file: Path | None = None           # default: data/priority_classes.toml
@@ -142,6 +146,11 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"role_limits: unknown role(s) {sorted(unknown)}; roles: {', '.join(DEFAULT_ROLE_LIMITS)}")
         self.role_limits = {**DEFAULT_ROLE_LIMITS, **self.role_limits}
+        if self.backend == "vllm" and self.kv_offload_gib:
+            from serving.engine import CPU_OFFLOAD_REFUSED, cpu_only
+
+            if cpu_only():
+                raise ValueError(f"kv_offload_gib={self.kv_offload_gib}: {CPU_OFFLOAD_REFUSED}")
         if self.backend == "remote":
             from serving.backends.remote import parse_instances
             from triage.routing import ROUTERS

@@ -44,7 +44,9 @@ class VLLMBackend:
         self._last_steps = 0
 
     def _config(self):
-        from serving.engine import EngineConfig
+        import psutil
+
+        from serving.engine import EngineConfig, cpu_only, kv_offload_gib
 
         s = self.settings
         kw = dict(max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
@@ -54,6 +56,10 @@ class VLLMBackend:
         if s.model:
             kw["model"] = s.model
         kw["profile"] = engine_profile(s.profile)
+        kw["kv_offload_gib"] = kv_offload_gib(s.kv_offload_gib, cpu=cpu_only(),
+                                              host_available_gib=psutil.virtual_memory().available / 2**30)
+        if kw["kv_offload_gib"]:
+            log.info("vLLM KV offloading: %.0f GiB of host memory", kw["kv_offload_gib"])
         return EngineConfig(**kw)
 
     # --- lifecycle -------------------------------------------------------------------------

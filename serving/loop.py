@@ -468,8 +468,9 @@ class Frontend:
         tp = r.tpots
         if r.ttft is not None:
             self.metrics.ttft.labels(lv).observe(r.ttft)
+        tpot = self.metrics.tpot.labels(lv)
         for x in tp:
-            self.metrics.tpot.labels(lv).observe(x)
+            tpot.observe(x)
         row = {
             "id": job.id, "client_request_id": job.client_request_id, "api_key_id": job.key_id,
             "endpoint": job.endpoint, "model": job.model,

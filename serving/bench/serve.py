@@ -13,6 +13,8 @@ repetition 1, then every system for repetition 2, ..., so a VM whose speed drift
 the minutes of a run (a shared host) charges the drift to every system alike.
 `vllm-priority` gets each call's `priority` from *our* classifier (computed once here):
 the strongest thing a user could assemble from stock vLLM and our predictor.
+`triage-instance` gets the same: `triage instance`, stock vLLM's server with our scheduler
+class inside, i.e. our engine half without our front end (what it costs on its own).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
 from serving.bench.report import _pct, summarize
-from serving.bench.systems import MODEL_NAME, EngineSizes, dir_name, is_triage, start_system
+from serving.bench.systems import MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, start_system
 from serving.bench.texts import Text, classify, load_chat
 
 IDLE_TEXT = "My father collapsed and is not breathing."
@@ -90,7 +92,7 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
         turn.floors.append(asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT)))
         cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
-            res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=(name == "vllm-priority"),
+            res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
             sent = [r.sent for r in res if r.sent]
             ends = [r.end for r in res if r.end is not None]

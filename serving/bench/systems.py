@@ -22,7 +22,11 @@ from pathlib import Path
 
 import httpx
 
-SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority")
+SYSTEMS = ("triage", "vllm-fcfs", "vllm-priority", "triage-instance")
+# the systems a load generator feeds *our* classifier's level as vLLM's `priority`: stock
+# vLLM's priority queue, and `triage instance` (stock vLLM's server with our scheduler class
+# inside: the engine half alone, as it runs behind `triage serve --backend remote`)
+PRIORITY_FED = ("vllm-priority", "triage-instance")
 MODEL_NAME = "smollm2-135m-instruct"
 # "triage:KEY=VALUE+KEY=VALUE": our service with those options, so a benchmark compares
 # settings of ours side by side in the same turns. A KEY that is a service setting
@@ -168,6 +172,12 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                 "--max-num-batched-tokens", str(sizes.max_num_batched_tokens), "--dtype", sizes.dtype,
                 "--block-size", str(sizes.block_size), "--no-enable-prefix-caching", "--seed", str(sizes.seed),
                 "--scheduling-policy", name.split("-", 1)[1], "--disable-uvicorn-access-log"], env
+    if name == "triage-instance":
+        from serving.instance.launch import instance_command
+
+        return instance_command(port, model=model, max_num_seqs=sizes.max_num_seqs,
+                                max_num_batched_tokens=sizes.max_num_batched_tokens,
+                                max_model_len=sizes.max_model_len), env
     raise BenchError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)}")
 
 

@@ -22,7 +22,8 @@ def bench_serve(
     texts: Annotated[str, typer.Option(help="labelled texts: corpus-test, ktas or a JSONL file of {text, level}")] = "corpus-test",
     trace: Annotated[Path, typer.Option(help="trace scenario: the trace file")] = Path(DEFAULT_TRACE),
     rate_scale: Annotated[str, typer.Option(help="trace scenario: arrival-rate multiplier, or auto")] = "auto",
-    systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority; "
+    systems: Annotated[str, typer.Option(help="comma-separated: triage, vllm-fcfs, vllm-priority, triage-instance (stock vLLM's "
+                                                "server with our scheduler, fed our levels); "
                                                 "triage:KEY=VALUE+KEY=VALUE is ours with those policy options or service settings")] = "triage,vllm-fcfs,vllm-priority",
     max_tokens: Annotated[int, typer.Option(help="burst: max_tokens of every call (temperature 0)")] = 64,
     max_tokens_cap: Annotated[int, typer.Option(help="trace: output lengths are clipped to this")] = 256,

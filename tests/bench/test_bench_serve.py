@@ -238,6 +238,26 @@ def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch,
     assert r.returncode == 2 and "no_such_option" in r.stderr
 
 
+def test_triage_instance_is_stock_vllm_with_our_scheduler_fed_our_levels(tmp_path):
+    """`triage-instance`: our engine half alone (what `triage instance` runs), with the same
+    engine sizes as the other systems, and the calls' `priority` set from our classifier."""
+    from serving.bench.systems import PRIORITY_FED, EngineSizes, check_system, command
+
+    sizes = EngineSizes()
+    check_system("triage-instance")
+    cmd, _ = command("triage-instance", sizes, 8100, tmp_path, "/m")
+    args = dict(zip(cmd, cmd[1:]))
+    assert "vllm.entrypoints.openai.api_server" in cmd
+    assert args["--scheduler-cls"] == "serving.vllm_scheduler.TriageScheduler"
+    assert args["--scheduling-policy"] == "priority" and args["--model"] == "/m"
+    stock, _ = command("vllm-priority", sizes, 8100, tmp_path, "/m")
+    sargs = dict(zip(stock, stock[1:]))
+    for k in ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--block-size", "--seed"):
+        assert args[k] == sargs[k], k
+    assert "--no-enable-prefix-caching" in cmd and "--no-enable-prefix-caching" in stock
+    assert set(PRIORITY_FED) == {"vllm-priority", "triage-instance"}
+
+
 SIGTERM_BENCH = """
 import subprocess, sys, time
 from pathlib import Path

@@ -160,8 +160,8 @@ class EngineConfig:
     extra_engine_args: dict = field(default_factory=dict)
 
     def engine_args(self):
-        if self.kv_offload_gib and self.kv_offload_gib > 0 and cpu_only():
-            raise ValueError(CPU_OFFLOAD_REFUSED)   # before vLLM fails in its worker at start
+        if self.kv_offload_gib:   # refused on CPU before vLLM fails in its worker at start
+            kv_offload_gib(self.kv_offload_gib, cpu=cpu_only(), host_available_gib=0)
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         kw: dict[str, Any] = dict(

@@ -147,10 +147,12 @@ class Settings(BaseSettings):
             raise ValueError(f"role_limits: unknown role(s) {sorted(unknown)}; roles: {', '.join(DEFAULT_ROLE_LIMITS)}")
         self.role_limits = {**DEFAULT_ROLE_LIMITS, **self.role_limits}
         if self.backend == "vllm" and self.kv_offload_gib:
-            from serving.engine import CPU_OFFLOAD_REFUSED, cpu_only
+            from serving.engine import cpu_only, kv_offload_gib
 
-            if cpu_only():
-                raise ValueError(f"kv_offload_gib={self.kv_offload_gib}: {CPU_OFFLOAD_REFUSED}")
+            try:   # refused on CPU, with the reason
+                kv_offload_gib(self.kv_offload_gib, cpu=cpu_only(), host_available_gib=0)
+            except ValueError as e:
+                raise ValueError(f"kv_offload_gib={self.kv_offload_gib}: {e}") from None
         if self.backend == "remote":
             from serving.backends.remote import parse_instances
             from triage.routing import ROUTERS

@@ -115,8 +115,10 @@ class Server:
 
         self.settings = settings
         self.app = create_app(settings, predictor=predictor)
+        # a stream still open at exit (a fixture's long blocker) is cancelled after 5 s, then the
+        # app's own shutdown runs; without a limit uvicorn waits for it and the join gives up at 30 s
         self.config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",
-                                     access_log=False, lifespan="on")
+                                     access_log=False, lifespan="on", timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{settings.port}"

@@ -148,6 +148,8 @@ def create_app(settings: Settings | None = None, *, predictor: Any = None, engin
         body = {"ready": engine_ok and db_ok and not draining, "engine": engine_ok, "database": db_ok,
                 "audit_spool": st.writer.spool_lines() if getattr(st, "writer", None) else None,
                 "draining": draining, "engine_state": sup.state if sup is not None else ("up" if engine_ok else "down")}
+        if hasattr(getattr(st, "backend", None), "standby_state"):      # vllm: is a death survived at once
+            body["engine_standby"] = st.backend.standby_state
         if hasattr(getattr(st, "backend", None), "instances_status"):   # remote: which instances, and why not
             body["instances"] = st.backend.instances_status()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)

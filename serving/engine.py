@@ -101,21 +101,36 @@ def kv_offload_gib(requested: float | None, *, cpu: bool, host_available_gib: fl
     return float(requested)
 
 
+STANDBY_MIN_HOST_GIB = 6.0   # auto standby: the host memory free at start it needs (a CPU engine: ~2-3 GiB)
+
+
+def standby_enabled(requested: bool | None, *, cpu: bool, host_available_gib: float) -> bool:
+    """Whether to keep a standby engine. `requested` None is auto: on a CPU engine when the
+    host has `STANDBY_MIN_HOST_GIB` available, never on a GPU (a second copy of the model
+    and its KV cache in GPU memory is an operator's explicit choice)."""
+    if requested is not None:
+        return bool(requested)
+    return cpu and host_available_gib >= STANDBY_MIN_HOST_GIB
+
+
 def engine_env(kv_cache_gib: float = 1.0) -> None:
     """The in-process engine's environment (`vllm_env`), set only where the operator has not set it."""
     os.environ.update(vllm_env(kv_cache_gib=kv_cache_gib))
 
 
-def lower_engine_priority(niceness: int, root: int | None = None) -> list[int]:
+def lower_engine_priority(niceness: int, root: int | None = None, skip: set[int] = frozenset()) -> list[int]:
     """Raise the nice value of the children of this process (or of process `root`: a
-    co-located `triage instance`) - vLLM's EngineCore and workers - by `niceness`. On a CPU
-    shared by engine and service, the service's short bursts of work (tokenising,
-    classifying, streaming) then run first; the engine takes what is left, which is nearly
-    everything. Returns the pids changed."""
+    co-located `triage instance`) - vLLM's EngineCore and workers - by `niceness`, except
+    the pids in `skip` (an engine's processes niced already). On a CPU shared by engine
+    and service, the service's short bursts of work (tokenising, classifying, streaming)
+    then run first; the engine takes what is left, which is nearly everything. Returns the
+    pids changed."""
     import psutil
 
     done = []
     for p in psutil.Process(root).children(recursive=True):
+        if p.pid in skip:
+            continue
         try:
             value = min(19, p.nice() + niceness)
             for t in p.threads():   # Linux nice is per thread: the worker's OpenMP threads exist already
@@ -154,6 +169,10 @@ class EngineConfig:
     # CPU only: the engine's processes run at this much lower priority than the service, so
     # classifying and streaming a new call never waits behind the engine's compute (0: off)
     engine_nice: int = 5
+    # a second engine kept started and idle: when the serving one dies it takes over at once
+    # (no cold start, ~30-70 s on a 2-core CPU), and a new standby is built in the background.
+    # Costs the engine's memory twice (model + KV cache) and, while building, CPU
+    standby: bool = False
     scheduler_cls: str | None = SCHEDULER_CLS   # None: vLLM's own scheduler
     scheduling_policy: str = "priority"
     stats_interval_s: float = 0.5
@@ -216,16 +235,32 @@ class TriageEngine:
         self._generation_defaults: dict = {}
         self._seed_warned = False
         self._restart_lock = asyncio.Lock()
+        self._standby = None                       # a second engine, started and idle (config.standby)
+        self._standby_task: asyncio.Task | None = None
+        self._standby_error: str | None = None
+        self._reaping: set[asyncio.Task] = set()   # dead engines being shut down
+        self._closing = False
+        self._niced: set[int] = set()              # engine processes lowered in priority already
+        self.standby_takeovers = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self._llm is not None:
             return
         engine_env(self.config.kv_cache_gib)
+        t0 = time.time()
+        self._install(await self._build())
+        log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
+                 self.config.scheduler_cls or "vllm")
+        if self.config.scheduler_cls == SCHEDULER_CLS:
+            await self.refresh_stats()
+        self._keep_standby()
+
+    async def _build(self):
+        """A new AsyncLLM with this configuration, started and ready (its core process niced)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = self.config.engine_args()
-        t0 = time.time()
         # built in a worker thread: the event loop keeps answering (health checks, new
         # calls into the queue, streams) while the engine loads, e.g. during a restart
         fut = asyncio.get_running_loop().run_in_executor(None, AsyncLLM.from_engine_args, args)
@@ -236,24 +271,80 @@ class TriageEngine:
             raise
         if hasattr(llm, "_run_output_handler"):   # vLLM starts it itself only when built on the loop
             llm._run_output_handler()
+        if cpu_only() and self.config.engine_nice > 0:   # each engine's processes once (a standby's too)
+            self._niced.update(lower_engine_priority(self.config.engine_nice, skip=self._niced))
+        return llm
+
+    def _install(self, llm) -> None:
+        """Serve with `llm` from now on."""
         self._llm = llm
-        if cpu_only() and self.config.engine_nice > 0:
-            lower_engine_priority(self.config.engine_nice)
         # The request defaults vLLM's own server applies (--generation-config, default
         # "auto": the model directory's generation_config.json), read once. vLLM reads that
         # file through transformers' GenerationConfig, which drops the keys transformers
         # lacks (frequency_penalty, presence_penalty): those are read from the file itself.
-        self._generation_defaults = dict(self._llm.model_config.get_diff_sampling_param())
+        self._generation_defaults = dict(llm.model_config.get_diff_sampling_param())
         self._generation_defaults.pop("max_tokens", None)
         self._generation_defaults.update(generation_defaults(self.config.model))   # {} for a hub name
-        log.info("engine ready in %.1f s (model %s, scheduler %s)", time.time() - t0, self.config.model,
-                 self.config.scheduler_cls or "vllm")
-        if self.config.scheduler_cls == SCHEDULER_CLS:
-            await self.refresh_stats()
-            if self.config.stats_interval_s > 0:
-                self._stats_task = asyncio.create_task(self._poll_stats())
+        if self.config.scheduler_cls == SCHEDULER_CLS and self.config.stats_interval_s > 0:
+            self._stats_task = asyncio.create_task(self._poll_stats())
+
+    # ------------------------------------------------------------------ standby
+    def _keep_standby(self) -> None:
+        """Start building the standby engine in the background, if configured and none is
+        built or building."""
+        if self.config.standby and self._standby is None and (self._standby_task is None or self._standby_task.done()):
+            self._standby_task = asyncio.create_task(self._build_standby(), name="engine-standby")
+
+    async def _build_standby(self) -> None:
+        t0 = time.time()
+        self._standby_error = None
+        try:
+            llm = await self._build()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:   # the serving engine is unaffected; a death is then a cold restart
+            self._standby_error = f"{type(e).__name__}: {e}"
+            log.warning("standby engine failed to start: %s", self._standby_error)
+            return
+        if self._closing:
+            await asyncio.to_thread(llm.shutdown)
+            return
+        self._standby = llm
+        log.info("standby engine ready in %.1f s: a dead engine is replaced at once", time.time() - t0)
+
+    @property
+    def standby_state(self) -> str:
+        """"off" | "building" | "ready" | "failed": whether a death is survived without a
+        cold start (failed: the last standby did not start; the next death restarts cold)."""
+        if not self.config.standby:
+            return "off"
+        if self._standby is not None and not self._standby.errored:
+            return "ready"
+        if self._standby_error is not None and (self._standby_task is None or self._standby_task.done()):
+            return "failed"
+        return "building"
+
+    async def _stop_standby(self) -> None:
+        task, self._standby_task = self._standby_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        llm, self._standby = self._standby, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
 
     async def stop(self) -> None:
+        self._closing = True
+        await self._stop_standby()
+        await self._stop_serving()
+        if self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
+        self._closing = False
+
+    async def _stop_stats(self) -> None:
         if self._stats_task is not None:
             self._stats_task.cancel()
             try:
@@ -261,6 +352,9 @@ class TriageEngine:
             except (asyncio.CancelledError, Exception):
                 pass
             self._stats_task = None
+
+    async def _stop_serving(self) -> None:
+        await self._stop_stats()
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)   # joins the engine's processes: off the loop
@@ -271,7 +365,22 @@ class TriageEngine:
         async with self._restart_lock:
             if self._llm is not None and not self._llm.errored:
                 return False
-            await self.stop()
+            spare, self._standby = self._standby, None
+            if spare is not None and not spare.errored:
+                dead = self._llm
+                await self._stop_stats()
+                self._install(spare)   # already started and idle: serving again at once
+                self.standby_takeovers += 1
+                log.warning("engine replaced by its standby; building a new standby")
+                if dead is not None:   # joined in the background: the standby serves meanwhile
+                    task = asyncio.create_task(asyncio.to_thread(dead.shutdown), name="engine-reap")
+                    self._reaping.add(task)
+                    task.add_done_callback(self._reaping.discard)
+                self._keep_standby()
+                return True
+            await self._stop_serving()
+            if spare is not None:      # it died too: start afresh
+                await asyncio.to_thread(spare.shutdown)
             await self.start()
             return True
 

@@ -40,6 +40,11 @@ class Metrics:
         self.engine_restart_seconds = Histogram("triage_engine_restart_seconds",
                                                 "From the engine's death to serving again",
                                                 buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 300), registry=r)
+        self.standby_ready = Gauge("triage_engine_standby_ready",
+                                   "1 while a standby engine is started and idle (an engine death is then "
+                                   "survived without a cold start)", registry=r)
+        self.standby_takeovers = Counter("triage_engine_standby_takeovers",
+                                         "Engine deaths answered by the standby engine taking over", registry=r)
         self.requeued = Counter("triage_requeued_total", "Calls re-queued after an engine death (nothing streamed yet)",
                                 registry=r)
         self.draining = Gauge("triage_draining", "1 while the service drains after SIGTERM", registry=r)

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # vllm on CPU: the engine's processes run this much nicer than the service, so classifying
     # and streaming a new call does not wait behind the engine's compute (0: same priority)
     engine_nice: int = Field(5, ge=0, le=19)
+    # vllm: a second engine kept started and idle, which takes over at once when the serving
+    # one dies (no cold start: 30-70 s on a 2-core CPU). Unset: auto (on for vllm-cpu when the
+    # host has STANDBY_MIN_HOST_GIB free at start; off on a GPU, where it would take GPU memory)
+    engine_standby: bool | None = None
 
     # remote backend (serving/backends/remote.py, docs/deploy.md)
     instances: str | None = None               # comma-separated URLs of `triage instance` servers

@@ -46,7 +46,7 @@ class VLLMBackend:
     def _config(self):
         import psutil
 
-        from serving.engine import EngineConfig, cpu_only, kv_offload_gib
+        from serving.engine import EngineConfig, cpu_only, kv_offload_gib, standby_enabled
 
         s = self.settings
         kw = dict(max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
@@ -56,8 +56,9 @@ class VLLMBackend:
         if s.model:
             kw["model"] = s.model
         kw["profile"] = engine_profile(s.profile)
-        kw["kv_offload_gib"] = kv_offload_gib(s.kv_offload_gib, cpu=cpu_only(),
-                                              host_available_gib=psutil.virtual_memory().available / 2**30)
+        host_gib = psutil.virtual_memory().available / 2**30
+        kw["kv_offload_gib"] = kv_offload_gib(s.kv_offload_gib, cpu=cpu_only(), host_available_gib=host_gib)
+        kw["standby"] = standby_enabled(s.engine_standby, cpu=cpu_only(), host_available_gib=host_gib)
         if kw["kv_offload_gib"]:
             log.info("vLLM KV offloading: %.0f GiB of host memory", kw["kv_offload_gib"])
         return EngineConfig(**kw)
@@ -81,6 +82,11 @@ class VLLMBackend:
         return self.engine.vocab_size if self.engine is not None else None
 
     @property
+    def standby_state(self) -> str:
+        """The standby engine: off | building | ready | failed (serving.engine)."""
+        return self.engine.standby_state if self.engine is not None else "off"
+
+    @property
     def dead(self) -> bool:
         """The engine died on its own (core process killed, out of memory, EngineDeadError):
         the supervisor (serving/supervisor.py) restarts it."""
@@ -96,7 +102,10 @@ class VLLMBackend:
     async def restart(self) -> None:
         """Shut the dead engine down and start a new one with the same configuration; the
         class table in force (operators may have edited it) is handed to the new engine."""
+        before = self.engine.standby_takeovers
         await self.engine.restart()
+        if self.metrics is not None and self.engine.standby_takeovers > before:
+            self.metrics.standby_takeovers.inc()
         await self.engine.set_classes(self.classes)
 
     async def start(self) -> None:
@@ -157,8 +166,11 @@ class VLLMBackend:
             await asyncio.sleep(0.5)
             if self.metrics is None:
                 continue
+            self.metrics.standby_ready.set(1 if self.standby_state == "ready" else 0)
             st = self.step_stats()
             steps = int(st.get("steps") or 0)
+            if steps < self._last_steps:   # a new engine (restart, standby) counts from 0
+                self._last_steps = 0
             if steps > self._last_steps:
                 self._last_steps = steps
                 if st.get("last_step_s") is not None:

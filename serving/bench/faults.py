@@ -356,23 +356,41 @@ async def slowloris(live: Live, slow: int = 100, calls: int = 8, max_tokens: int
 
 
 def engine_core(live: Live):
+    """The serving engine's core process: the oldest EngineCore under the server (a standby
+    engine is always started after the one serving)."""
     import psutil
 
+    cores = []
     for p in psutil.Process(live.srv.proc.pid).children(recursive=True):
         try:
             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
-                return p
+                cores.append((p.create_time(), p.pid, p))
         except psutil.Error:
             continue
-    return None
+    return min(cores)[2] if cores else None
+
+
+async def wait_standby(live: Live, timeout_s: float = 600.0) -> str | None:
+    """The standby engine's state once it is no longer building (None: not a vllm server)."""
+    t0 = time.monotonic()
+    while True:
+        state = (await _get(live, "/readyz")).json().get("engine_standby")
+        if state != "building" or time.monotonic() - t0 > timeout_s:
+            return state
+        await asyncio.sleep(1.0)
 
 
 async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens: int = 48,
-                      deadline_s: float = 60.0, give_up_s: float = 900.0) -> dict:
+                      deadline_s: float = 60.0, give_up_s: float = 900.0, standby: bool = True) -> dict:
+    """`standby`: wait for the server's standby engine (if it keeps one) before the kill, so
+    the kill measures the takeover; False: kill at once (a standby still building: the
+    restart is cold)."""
+    standby_at_kill = await wait_standby(live) if standby else (await _get(live, "/readyz")).json().get("engine_standby")
     core = engine_core(live)
     if core is None:
         return {"ok": False, "error": "no EngineCore process under the server (is the backend vllm?)"}
     before = (await _get(live, "/metrics")).text
+    ok_before = metric(before, "triage_engine_restarts_total", '{result="ok"}')
     calls = [Call(f"ek-run-{i}") for i in range(running)]
     late = [Call(f"ek-late-{i}") for i in range(during)]
     health: list[tuple[float, int, int]] = []
@@ -396,7 +414,8 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
                 health.append((round(time.monotonic() - t_kill, 2), h.status_code, r.status_code))
                 if r.status_code != 200:
                     seen_unready = True
-                elif seen_unready:
+                elif seen_unready or metric((await _get(live, "/metrics")).text, "triage_engine_restarts_total",
+                                            '{result="ok"}') > ok_before:   # a takeover may be quicker than a poll
                     back_at = time.monotonic()
                     return
                 await asyncio.sleep(0.2)
@@ -408,8 +427,9 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
         await w
         await asyncio.gather(*tasks)
     after = (await _get(live, "/metrics")).text
-    restarts = metric(after, "triage_engine_restarts_total", '{result="ok"}') - \
-        metric(before, "triage_engine_restarts_total", '{result="ok"}')
+    restarts = metric(after, "triage_engine_restarts_total", '{result="ok"}') - ok_before
+    took_over = metric(after, "triage_engine_standby_takeovers_total") - \
+        metric(before, "triage_engine_standby_takeovers_total")
     requeued = metric(after, "triage_requeued_total") - metric(before, "triage_requeued_total")
     rows = await wait_audit(live, "ek-", running + during, 60.0)
     mid = [x for x in calls if at_kill[x.crid] > 0]
@@ -421,7 +441,8 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
     ok = (back_s is not None and back_s <= deadline_s and not lost and all(x.full for x in waiting + late)
           and all(x.full or x in mid_errors for x in mid) and all(h == 200 for _, h, _r in health)
           and restarts >= 1 and out.get("engine_restart", 0) == len(mid_errors) and len(rows) == running + during)
-    return {"ok": bool(ok), "engine_back_s": back_s, "readyz_false_seen": seen_unready,
+    return {"ok": bool(ok), "engine_back_s": back_s, "standby_at_kill": standby_at_kill,
+            "standby_took_over": took_over >= 1, "readyz_false_seen": seen_unready,
             "healthz_always_200": all(h == 200 for _, h, _r in health), "mid_stream_at_kill": len(mid),
             "mid_stream_error_events": len(mid_errors), "waiting_at_kill": len(waiting),
             "waiting_served_in_full": sum(x.full for x in waiting), "sent_during_restart": during,

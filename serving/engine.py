@@ -166,6 +166,7 @@ class EngineConfig:
     policy_params: dict = field(default_factory=dict)
     record_steps: int = 0             # the scheduler keeps the last N (plan, scheduled) pairs
     step_log: str | None = None       # JSONL file: per step what ran, what was preempted and why
+    learn_shape: bool = True          # the scheduler learns the prefill/decode cost ratio online (ρ)
     # CPU only: the engine's processes run at this much lower priority than the service, so
     # classifying and streaming a new call never waits behind the engine's compute (0: off)
     engine_nice: int = 5
@@ -194,7 +195,7 @@ class EngineConfig:
         if self.scheduler_cls:
             kw["scheduler_cls"] = self.scheduler_cls
             triage = {"policy": self.policy, "profile": self.profile, "policy_params": self.policy_params,
-                      "record_steps": self.record_steps}
+                      "record_steps": self.record_steps, "learn_shape": self.learn_shape}
             if self.step_log:
                 triage["step_log"] = str(self.step_log)
             if self.classes:

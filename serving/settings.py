@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     sim_seed: int = 0
     classes_file: Path | None = None           # default: data/priority_classes.toml
     step_log: Path | None = None               # vllm: JSONL of every engine step (what ran, preempted, why)
+    # vllm: the engine's scheduler learns this machine's prompt cost relative to the profile's
+    # (ρ, triage/estimators/base.py) besides its overall speed (β); false: β only
+    learn_step_shape: bool = True
     # vllm on CPU: the engine's processes run this much nicer than the service, so classifying
     # and streaming a new call does not wait behind the engine's compute (0: same priority)
     engine_nice: int = Field(5, ge=0, le=19)

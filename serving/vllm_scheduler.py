@@ -112,6 +112,9 @@ class TriageSettings:
     kv_offload: bool | None = None     # False: recompute even when a KV offloading connector is configured
     record_steps: int = 0              # keep the last N steps' (plan, scheduled) for tests
     learn: bool = True                 # online estimator correction from measured step times
+    # ... and of the prefill cost relative to the rest (ρ, triage/estimators/base.py): the
+    # profile was measured on another machine, whose prompt/decode cost ratio may differ
+    learn_shape: bool = True
     step_log: str | None = None        # JSONL file: per step, what ran and what was preempted, and why
 
     @classmethod
@@ -157,6 +160,7 @@ class TriageStats:
     plan_overhead_s_max: float = 0.0
     estimator_ape_mean: float | None = None  # mean |pred - real| / real over measured steps
     estimator_beta: float = 1.0
+    estimator_rho: float = 1.0               # prefill cost relative to the profile's, learnt online
     running: int = 0
     waiting: int = 0
 
@@ -174,6 +178,7 @@ class TriageScheduler(Scheduler):
         self.triage_policy = make_policy(s.policy, **params)
         classes = PriorityClasses.from_dict(s.classes) if s.classes else load_classes().scaled(profile.slo_scale)
         est = profile.estimator(s.estimator)
+        est.learn_shape = s.learn and s.learn_shape
         # Offloading needs vLLM's KV offloading connector; without one every victim recomputes.
         offload = self.connector is not None and s.kv_offload is not False
         costs = None
@@ -296,10 +301,14 @@ class TriageScheduler(Scheduler):
         s = self.tstats
         s.running, s.waiting = len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
         s.estimator_beta = float(self.tstate.estimator.beta)
+        s.estimator_rho = float(self.tstate.estimator.rho)
         s.estimator_ape_mean = self._ape_sum / self._ape_n if self._ape_n else None
-        return {**asdict(s), "policy": self.triage_settings.policy, "profile": self.triage_settings.profile,
-                "kv_blocks": self.tstate.kv.num_blocks, "block_size": self.block_size,
-                "classes_version": self.tstate.classes.version}
+        out = {**asdict(s), "policy": self.triage_settings.policy, "profile": self.triage_settings.profile,
+               "kv_blocks": self.tstate.kv.num_blocks, "block_size": self.block_size,
+               "classes_version": self.tstate.classes.version}
+        # plain Python numbers only: a numpy scalar in a utility call's answer fails vLLM's
+        # serialiser in the engine's output thread, which takes the engine down
+        return {k: v.item() if hasattr(v, "item") else v for k, v in out.items()}
 
     # ------------------------------------------------------------------ the step
     def _reserve_prefill_lookahead(self, request: VllmRequest, num_computed_tokens: int, num_new_tokens: int) -> int:
@@ -455,12 +464,11 @@ class TriageScheduler(Scheduler):
         if self._pending_works:
             real = now - self._t_sched_end  # the step as the scheduler sees it (virtual in bench peers)
             est = st.estimator
-            pred = est.uncorrected_batch_time(self._pending_works)
             self.tstats.last_step_s = real
             if real > 0 and self.triage_settings.learn:
-                self._ape_sum += abs(est.beta * pred - real) / real
+                self._ape_sum += float(abs(est.batch_time(self._pending_works) - real) / real)
                 self._ape_n += 1
-                est.observe(pred, real)
+                est.observe_batch(self._pending_works, real)
             self._pending_works = None
         return outputs
 

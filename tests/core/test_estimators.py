@@ -72,3 +72,45 @@ def test_published_profile_coefficients_are_kept_verbatim():
 def test_unknown_profile_is_a_clear_error():
     with pytest.raises(FileNotFoundError, match="available"):
         load_profile("no-such-profile")
+
+
+def _machine(prefill_factor: float, speed: float = 1.0) -> ProServeEstimator:
+    """The profile's model on a machine `speed` times slower whose prompts cost
+    `prefill_factor` times the profile's relative to its decodes."""
+    t = dict(TRUE)
+    for k in ("a_p", "b_p", "c_p"):
+        t[k] *= prefill_factor
+    return ProServeEstimator(**{k: v * speed for k, v in t.items()})
+
+
+def _prompt_heavy(seed=5):
+    rng = np.random.default_rng(seed)
+    return [[Work(int(rng.integers(100, 400)), 0) for _ in range(3)] + [Work(1, 512)] for _ in range(20)]
+
+
+@pytest.mark.parametrize("factor,speed", [(0.35, 1.0), (2.5, 0.6)])
+def test_learn_shape_finds_a_machine_where_prompts_cost_differently(factor, speed):
+    """A profile from one CPU on another: a scalar beta fitted mostly on decode steps leaves
+    prompt-heavy steps 20-60 % off; with learn_shape the prefill ratio rho is learnt and they
+    are predicted within 5 %."""
+    truth = _machine(factor, speed)
+    plain, shaped = ProServeEstimator(**TRUE), ProServeEstimator(**TRUE)
+    shaped.learn_shape = True
+    for w in batches(400, seed=3):
+        for est in (plain, shaped):
+            est.observe_batch(w, truth.batch_time(w))
+    assert shaped.rho == pytest.approx(factor, rel=0.05)
+    err = lambda est: max(abs(est.batch_time(w) / truth.batch_time(w) - 1) for w in _prompt_heavy())  # noqa: E731
+    assert err(shaped) < 0.05
+    assert err(plain) > 0.2
+
+
+def test_learn_shape_leaves_rho_alone_when_steps_cannot_tell_the_parts_apart():
+    """Only decode steps: no prefill share to fit, rho stays 1 and beta does the work."""
+    truth = _machine(0.3, 2.0)
+    est = ProServeEstimator(**TRUE)
+    est.learn_shape = True
+    for _ in range(200):
+        w = [Work(1, 700)] * 16
+        est.observe_batch(w, truth.batch_time(w))
+    assert est.rho == 1.0 and est.beta == pytest.approx(2.0, rel=0.02)

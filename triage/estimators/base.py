@@ -7,6 +7,16 @@ online correction factor β (seed 000 §4.1):
 
     β ← θ·β + (1-θ)·mean(T_real / T_pred)   over a sliding window of recent steps.
 
+A single β corrects the machine's speed, not the shape of the model: a profile measured on
+one CPU and run on another (whose matrix units make prompts relatively cheaper than decodes,
+or dearer) mispredicts prompt-heavy steps by 2-3x while β, fed mostly by decode steps, sits
+near 1. With `learn_shape` (the live engine sets it) the estimator also learns ρ, the
+prefill part's cost relative to the rest, from the same measured steps: a least-squares fit
+of T_real ≈ b₁·(t_c + decodes) + b₂·prefills over the last `SHAPE_WINDOW` steps, used only
+when the window's steps differ enough in their prefill share to tell the two apart (ρ =
+b₂/b₁, clipped, with momentum). ρ multiplies every prefill share (`_request_time`), so
+every policy that asks the estimator sees it; β keeps correcting the whole.
+
 `request_time(lq, lkv)` is one request's share without the per-step constant `t_c`, and
 `max_chunk(lkv, budget)` inverts it: the largest chunk whose share fits `budget`
 (SlideBatching's GETMAXCHUNK, SlidingServe's TimeToBudget).
@@ -23,6 +33,11 @@ class Work(NamedTuple):
     lkv: int
 
 
+SHAPE_WINDOW = 64          # steps the prefill-cost ratio ρ is fitted on
+SHAPE_MIN_SPREAD = 0.10    # ... only when their prefill shares have at least this standard deviation
+RHO_RANGE = (0.1, 10.0)
+
+
 class LatencyEstimator(ABC):
     t_c: float
 
@@ -30,6 +45,9 @@ class LatencyEstimator(ABC):
         self.beta = 1.0
         self.theta = theta
         self._ratios: deque[float] = deque(maxlen=window)
+        self.rho = 1.0              # the prefill part's cost relative to the profile's (learn_shape)
+        self.learn_shape = False
+        self._shape: deque[tuple[float, float, float]] = deque(maxlen=SHAPE_WINDOW)
 
     # --- the model (uncorrected) -------------------------------------------------------
     @abstractmethod
@@ -95,6 +113,39 @@ class LatencyEstimator(ABC):
             self._ratios.append(real / predicted_uncorrected)
             mean = sum(self._ratios) / len(self._ratios)
             self.beta = self.theta * self.beta + (1 - self.theta) * mean
+
+    def split(self, works: Sequence[Work]) -> tuple[float, float]:
+        """A batch's uncorrected time as (t_c + decodes, prefills at the profile's cost, ρ
+        not applied). A model that cannot tell the parts apart returns (whole, 0): no shape
+        is learnt for it."""
+        return self._batch_time(works), 0.0
+
+    def observe_batch(self, works: Sequence[Work], real: float) -> None:
+        """Online correction from one executed step: β always, ρ too with `learn_shape`."""
+        if real <= 0:
+            return
+        rest, pre = self.split(works)
+        self.observe(rest + self.rho * pre, real)
+        if self.learn_shape and rest + pre > 0:
+            self._shape.append((rest, pre, real))
+            self._fit_rho()
+
+    def _fit_rho(self) -> None:
+        import numpy as np
+
+        if len(self._shape) < SHAPE_WINDOW // 4:
+            return
+        a = np.asarray(self._shape, dtype=float)
+        share = a[:, 1] / (a[:, 0] + a[:, 1])
+        if share.std() < SHAPE_MIN_SPREAD:   # every step alike: the parts cannot be told apart
+            return
+        w = 1.0 / a[:, 2]                     # relative least squares, as the profile's fit
+        coef, *_ = np.linalg.lstsq(a[:, :2] * w[:, None], a[:, 2] * w, rcond=None)
+        b1, b2 = coef
+        if b1 <= 0 or b2 <= 0:
+            return
+        obs = min(RHO_RANGE[1], max(RHO_RANGE[0], float(b2 / b1)))
+        self.rho = float(self.theta * self.rho + (1 - self.theta) * obs)
 
     def uncorrected_batch_time(self, works: Sequence[Work]) -> float:
         return self._batch_time(works)

@@ -21,7 +21,7 @@ class ProServeEstimator(LatencyEstimator):
     def _request_time(self, lq: int, lkv: int) -> float:
         if lq == 1 and lkv > 0:
             return self.a_d * lkv + self.b_d
-        return self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq
+        return self.rho * (self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq)
 
     def decode_time_fn(self):
         a, b = self.beta * self.a_d, self.beta * self.b_d
@@ -31,12 +31,21 @@ class ProServeEstimator(LatencyEstimator):
         import numpy as np
 
         dec = (lq == 1) & (lkv > 0)
-        pre = self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq
+        pre = self.rho * (self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq)
         return self.beta * np.where(dec, self.a_d * lkv + self.b_d, pre)
 
     def _batch_time(self, works: Sequence[Work]) -> float:
         rt = self._request_time
         return sum(rt(w.lq, w.lkv) for w in works) + self.t_c
+
+    def split(self, works: Sequence[Work]) -> tuple[float, float]:
+        rest, pre = self.t_c, 0.0
+        for lq, lkv in works:
+            if lq == 1 and lkv > 0:
+                rest += self.a_d * lkv + self.b_d
+            else:
+                pre += self.a_p * lq * lq + self.b_p * lq * lkv + self.c_p * lq
+        return rest, pre
 
     @staticmethod
     def features(works: Sequence[Work]) -> list[float]:
@@ -55,6 +64,7 @@ class ProServeEstimator(LatencyEstimator):
     def fit(self, samples) -> None:
         coef = nonneg_lstsq([self.features(w) for w, _ in samples], [t for _, t in samples])
         self.a_p, self.b_p, self.c_p, self.a_d, self.b_d, self.t_c = (float(c) for c in coef)
+        self.rho = 1.0
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "a_p": self.a_p, "b_p": self.b_p, "c_p": self.c_p,

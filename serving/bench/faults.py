@@ -363,6 +363,8 @@ def engine_core(live: Live):
     cores = []
     for p in psutil.Process(live.srv.proc.pid).children(recursive=True):
         try:
+            if p.status() == psutil.STATUS_ZOMBIE:   # a dead engine not yet reaped
+                continue
             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
                 cores.append((p.create_time(), p.pid, p))
         except psutil.Error:

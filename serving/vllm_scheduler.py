@@ -466,9 +466,9 @@ class TriageScheduler(Scheduler):
             est = st.estimator
             self.tstats.last_step_s = real
             if real > 0 and self.triage_settings.learn:
-                self._ape_sum += float(abs(est.batch_time(self._pending_works) - real) / real)
+                predicted = est.observe_batch(self._pending_works, real)
+                self._ape_sum += float(abs(predicted - real) / real)
                 self._ape_n += 1
-                est.observe_batch(self._pending_works, real)
             self._pending_works = None
         return outputs
 

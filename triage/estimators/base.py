@@ -120,15 +120,19 @@ class LatencyEstimator(ABC):
         is learnt for it."""
         return self._batch_time(works), 0.0
 
-    def observe_batch(self, works: Sequence[Work], real: float) -> None:
-        """Online correction from one executed step: β always, ρ too with `learn_shape`."""
-        if real <= 0:
-            return
+    def observe_batch(self, works: Sequence[Work], real: float) -> float:
+        """Online correction from one executed step: β always, ρ too with `learn_shape`.
+        Returns the step's prediction as it stood before this correction."""
         rest, pre = self.split(works)
-        self.observe(rest + self.rho * pre, real)
+        uncorrected = rest + self.rho * pre
+        predicted = self.beta * uncorrected
+        if real <= 0:
+            return predicted
+        self.observe(uncorrected, real)
         if self.learn_shape and rest + pre > 0:
             self._shape.append((rest, pre, real))
             self._fit_rho()
+        return predicted
 
     def _fit_rho(self) -> None:
         import numpy as np

@@ -157,7 +157,7 @@ class EngineConfig:
     kv_cache_gib: float = 1.0
     policy: str = "triage"
     profile: str = "vllm-cpu-smollm2"
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True   # vLLM's default; the scheduler plans with the hits
     kv_offload_gib: float = 0         # GiB of host memory for vLLM's native KV offloading (GPU only)
     block_size: int | None = 32       # vLLM-CPU prefers multiples of 32
     dtype: str | None = None          # None: float32 on CPU (vLLM-CPU's bf16 path garbles SmolLM2), bf16 on GPU

@@ -90,19 +90,28 @@ def build_scheduler(kind: str = "triage", *, num_blocks: int = 1000, block_size:
                block_size=block_size, log_stats=False)
 
 
-_hash_ready = False
-
-
 def make_vllm_request(rid: str, prompt_len: int, max_tokens: int, *, priority: int = 0, arrival: float | None = None,
-                      extra: dict | None = None, block_size: int = 16, token: int | None = None):
-    """A vLLM engine-core `Request` with a synthetic prompt (distinct per request)."""
+                      extra: dict | None = None, block_size: int = 16, token: int | None = None,
+                      prefix: list[int] | None = None):
+    """A vLLM engine-core `Request` with a synthetic prompt (distinct per request). With
+    `prefix`, the prompt starts with those tokens and carries block hashes as the engine
+    core gives them under prefix caching, so requests sharing it hit the cache."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
     sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args={"triage": extra} if extra else None)
     base = (hash(rid) % 900) + 10 if token is None else token
-    return Request(request_id=rid, prompt_token_ids=[base] * prompt_len, sampling_params=sp, pooling_params=None,
-                   arrival_time=arrival, priority=priority)
+    hasher = None
+    if prefix is not None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        fn = get_hash_fn_by_name("sha256")
+        init_none_hash(fn)
+        hasher = get_request_block_hasher(block_size, fn)
+    ids = list(prefix or []) + [base] * (prompt_len - len(prefix or []))
+    return Request(request_id=rid, prompt_token_ids=ids, sampling_params=sp, pooling_params=None,
+                   arrival_time=arrival, priority=priority, block_hasher=hasher)
 
 
 def stand_in_output(sched, out):

@@ -279,7 +279,8 @@ async def profile_engine(model: str, name: str, *, max_model_len: int = 2048, ma
 
     cfg = EngineConfig(model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, kv_cache_gib=kv_cache_gib,
-                       scheduler_cls=RECORDER_CLS, scheduling_policy="fcfs")
+                       scheduler_cls=RECORDER_CLS, scheduling_policy="fcfs",
+                       enable_prefix_caching=False)   # every sampled token is computed
     engine = TriageEngine(cfg)
     t0 = time.time()
     await engine.start()

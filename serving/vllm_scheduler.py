@@ -67,7 +67,7 @@ PRIVATE_MEMBERS: dict[str, tuple[str, ...]] = {
         "max_model_len", "block_size", "scheduler_reserve_full_isl", "kv_cache_manager",
         "connector",
     ),
-    "KVCacheManager": ("block_pool",),
+    "KVCacheManager": ("block_pool", "get_computed_blocks"),
     "BlockPool": ("get_num_free_blocks",),
     "Request": ("request_id", "num_computed_tokens", "num_tokens", "num_prompt_tokens",
                 "num_output_tokens", "status", "priority", "arrival_time", "max_tokens",
@@ -95,8 +95,9 @@ def check_vllm_members(scheduler: Scheduler | None = None) -> list[str]:
         for name in PRIVATE_MEMBERS["Scheduler"]:
             if not hasattr(scheduler, name):
                 missing.append(f"Scheduler.{name}")
-        if not hasattr(scheduler.kv_cache_manager, "block_pool"):
-            missing.append("KVCacheManager.block_pool")
+        for name in PRIVATE_MEMBERS["KVCacheManager"]:
+            if not hasattr(scheduler.kv_cache_manager, name):
+                missing.append(f"KVCacheManager.{name}")
     return missing
 
 
@@ -237,6 +238,10 @@ class TriageScheduler(Scheduler):
             seq=self._seq,
         )
         self._seq += 1
+        # with prefix caching, the prompt's leading blocks already in the cache (the
+        # service's block-aligned system turn, serving/model_prep.py) are not computed
+        # again: the plan charges the step only for the rest, as vLLM will run it
+        r.computed = self._prefix_hit(request)
         self.tstate.add(r)
         # add() refreshed weight/SLOs from the class table; per-request SLOs win
         if "ttft_slo" in xa:
@@ -247,6 +252,15 @@ class TriageScheduler(Scheduler):
         if ext:
             self._external[str(ext)] = request.request_id
             self._client_id[request.request_id] = str(ext)
+
+    def _prefix_hit(self, request: VllmRequest) -> int:
+        """Prompt tokens of `request` whose KV the prefix cache holds now (0 without
+        prefix caching). Read at arrival: while any request holding the shared prefix runs,
+        its blocks stay cached; a hit lost by admission time only means vLLM computes more
+        than planned that step, and the mirror takes vLLM's count after it."""
+        if not self.cache_config.enable_prefix_caching:
+            return 0
+        return int(self.kv_cache_manager.get_computed_blocks(request)[1])
 
     def finish_requests(self, request_ids, finished_status: RequestStatus):
         done = super().finish_requests(request_ids, finished_status)

@@ -119,6 +119,7 @@ class EngineSizes:
     block_size: int = 32
     dtype: str = "float32"
     seed: int = 0
+    prefix_caching: bool = True   # vLLM's default, on every system alike
 
 
 @dataclass
@@ -161,6 +162,7 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                     "TRIAGE_SPOOL_PATH": str(workdir / "spool.jsonl"), "TRIAGE_MAX_NUM_SEQS": str(sizes.max_num_seqs),
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),
                     "TRIAGE_MAX_MODEL_LEN": str(sizes.max_model_len), "TRIAGE_KV_CACHE_GIB": str(sizes.kv_cache_gib),
+                    "TRIAGE_PREFIX_CACHING": str(sizes.prefix_caching).lower(),
                     "TRIAGE_MODEL": model,
                     # a benchmark's one client key sends every call: per-key abuse limits off
                     "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS, **(triage_env or {})})
@@ -170,15 +172,19 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(sizes.max_model_len), "--max-num-seqs", str(sizes.max_num_seqs),
                 "--max-num-batched-tokens", str(sizes.max_num_batched_tokens), "--dtype", sizes.dtype,
-                "--block-size", str(sizes.block_size), "--no-enable-prefix-caching", "--seed", str(sizes.seed),
+                "--block-size", str(sizes.block_size), _prefix_flag(sizes), "--seed", str(sizes.seed),
                 "--scheduling-policy", name.split("-", 1)[1], "--disable-uvicorn-access-log"], env
     if name == "triage-instance":
         from serving.instance.launch import instance_command
 
         return instance_command(port, model=model, max_num_seqs=sizes.max_num_seqs,
                                 max_num_batched_tokens=sizes.max_num_batched_tokens,
-                                max_model_len=sizes.max_model_len), env
+                                max_model_len=sizes.max_model_len, prefix_caching=sizes.prefix_caching), env
     raise BenchError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)}")
+
+
+def _prefix_flag(sizes: EngineSizes) -> str:
+    return "--enable-prefix-caching" if sizes.prefix_caching else "--no-enable-prefix-caching"
 
 
 BENCH_ROLE_LIMITS = ('{"client": {"rps": 100000, "burst": 100000, "concurrency": 100000}, '

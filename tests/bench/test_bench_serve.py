@@ -258,7 +258,12 @@ def test_triage_instance_is_stock_vllm_with_our_scheduler_fed_our_levels(tmp_pat
     sargs = dict(zip(stock, stock[1:]))
     for k in ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--block-size", "--seed"):
         assert args[k] == sargs[k], k
-    assert "--no-enable-prefix-caching" in cmd and "--no-enable-prefix-caching" in stock
+    assert "--enable-prefix-caching" in cmd and "--enable-prefix-caching" in stock   # vLLM's default, alike
+    ours, env = command("triage", sizes, 8100, tmp_path, "/m")
+    assert env["TRIAGE_PREFIX_CACHING"] == "true"
+    off = EngineSizes(prefix_caching=False)
+    assert "--no-enable-prefix-caching" in command("vllm-fcfs", off, 8100, tmp_path, "/m")[0]
+    assert command("triage", off, 8100, tmp_path, "/m")[1]["TRIAGE_PREFIX_CACHING"] == "false"
     assert set(PRIORITY_FED) == {"vllm-priority", "triage-instance"}
 
 

@@ -142,6 +142,32 @@ def test_level1_preempts_at_max_num_seqs_where_vllm_priority_cannot():
     assert "urgent" not in scheduled and not preempted
 
 
+def test_with_prefix_caching_the_plan_charges_only_the_uncached_part_of_a_prompt():
+    """Calls sharing the served system turn: vLLM computes only what follows the cached
+    blocks, and the plan (its tokens, hence its step-time estimate) says the same."""
+    shared = list(range(100, 132))                       # two whole blocks of 16
+    s = make(num_blocks=200, block_size=16, enable_prefix_caching=True)
+
+    def add_shared(rid, own, level):
+        s.add_request(make_vllm_request(rid, len(shared) + own, 8, priority=level, block_size=16, prefix=shared,
+                                        extra={"level": level, "id": rid}))
+
+    add_shared("first", 20, 3)
+    out = step(s)
+    assert out.num_scheduled_tokens["first"] == 52      # nothing cached yet: the whole prompt
+    add_shared("second", 30, 1)
+    add_shared("third", 10, 2)
+    first_chunk = {}
+    for _ in range(14):
+        for rid, k in step(s).num_scheduled_tokens.items():
+            first_chunk.setdefault(rid, k)
+    assert first_chunk["second"] == 30 and first_chunk["third"] == 10   # the shared blocks were hit
+    st = s.triage_stats()
+    assert st["plan_mismatches"] == 0
+    assert all(rec.scheduled == rec.plan for rec in s.step_log)
+    assert all(r not in s.requests for r in ("first", "second", "third"))   # all finished
+
+
 def test_relabel_rekeys_at_next_step():
     """One seat free; the relabelled request is admitted before earlier arrivals."""
     now = [0.0]

@@ -299,6 +299,11 @@ class TriageEngine:
     async def _build_standby(self) -> None:
         t0 = time.time()
         self._standby_error = None
+        # the build (loading, compiling) takes the CPU from the serving engine for tens of
+        # seconds, and its scheduler would learn that slowness as this machine's speed, then
+        # carry it into the next burst (steps planned 3x too long; docs/preemption.md): what it
+        # learnt before the build is put back after it
+        learnt = await self._learnt()
         try:
             llm = await self._build()
         except asyncio.CancelledError:
@@ -307,6 +312,8 @@ class TriageEngine:
             self._standby_error = f"{type(e).__name__}: {e}"
             log.warning("standby engine failed to start: %s", self._standby_error)
             return
+        finally:
+            await self._set_learnt(learnt)
         if self._closing:
             await asyncio.to_thread(llm.shutdown)
             return
@@ -480,6 +487,23 @@ class TriageEngine:
         if not self.config.scheduler_cls:
             raise RuntimeError("relabels, class edits and statistics need our scheduler class")
         return await llm.engine_core.call_utility_async("triage_control", op, payload)
+
+    async def _learnt(self) -> dict | None:
+        """The serving scheduler's online step-time corrections (None without our class)."""
+        if self.config.scheduler_cls != SCHEDULER_CLS or self._llm is None:
+            return None
+        try:
+            return await self._control("learnt")
+        except Exception:   # a dead engine: nothing to keep
+            return None
+
+    async def _set_learnt(self, learnt: dict | None) -> None:
+        if learnt is None or self._llm is None:
+            return
+        try:
+            await self._control("set_learnt", learnt)
+        except Exception:
+            pass
 
     async def relabel(self, request_id: str, level: int) -> None:
         """Re-key `request_id` at `level`; the scheduler applies it at its next step."""

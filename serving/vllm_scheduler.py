@@ -281,7 +281,7 @@ class TriageScheduler(Scheduler):
         """Relabels and class edits queue up and take effect at the next step; `stats`
         and `steps` answer at once. Reached from the client through EngineCore's
         utility dispatch (`call_utility_async("triage_control", op, payload)`)."""
-        if op in ("relabel", "set_classes"):
+        if op in ("relabel", "set_classes", "set_learnt"):
             self._control.append((op, payload))
             return True
         if op == "stats":
@@ -292,6 +292,8 @@ class TriageScheduler(Scheduler):
             return load_snapshot(self)
         if op == "preemptions":
             return [list(x) for x in self.preemption_log]
+        if op == "learnt":   # the step-time corrections learnt online (TriageEngine's standby build)
+            return self.tstate.estimator.learnt()
         raise ValueError(f"unknown triage control op {op!r}")
 
     def _apply_control(self) -> None:
@@ -307,6 +309,8 @@ class TriageScheduler(Scheduler):
                     if req is not None and level is not None:
                         req.priority = int(level)  # vLLM's own fallback orders agree
                     self.tstats.relabels += 1
+            elif op == "set_learnt":
+                self.tstate.estimator.set_learnt(p)
             elif op == "set_classes":
                 st.set_classes(p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p))
                 self.tstats.class_edits += 1

@@ -168,6 +168,17 @@ def test_with_prefix_caching_the_plan_charges_only_the_uncached_part_of_a_prompt
     assert all(r not in s.requests for r in ("first", "second", "third"))   # all finished
 
 
+def test_the_learnt_step_time_corrections_can_be_read_and_put_back():
+    s = make(num_blocks=100)
+    saved = s.triage_control("learnt")
+    assert saved["beta"] == 1.0 and saved["ratios"] == []
+    s.triage_control("set_learnt", {**saved, "beta": 2.5, "ratios": [2.5] * 4})
+    assert s.tstate.estimator.beta == 1.0          # queued: it applies at the next step
+    add(s, "a", 40, 3)
+    s.schedule()
+    assert s.tstate.estimator.beta == 2.5 and s.tstate.estimator.learnt()["ratios"] == [2.5] * 4
+
+
 def test_relabel_rekeys_at_next_step():
     """One seat free; the relabelled request is admitted before earlier arrivals."""
     now = [0.0]

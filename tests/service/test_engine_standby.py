@@ -127,3 +127,42 @@ def test_no_standby_when_not_configured(monkeypatch):
 ])
 def test_auto_standby_rule(requested, cpu, gib, want):
     assert standby_enabled(requested, cpu=cpu, host_available_gib=gib) is want
+
+
+def test_the_step_time_learnt_while_the_standby_builds_is_set_aside(monkeypatch):
+    """Building a standby takes the CPU from the serving engine; its scheduler would learn
+    the build's slowness as the machine's speed and plan the next burst's steps too long.
+    What it had learnt before the build is put back when the build ends."""
+    from serving.engine import SCHEDULER_CLS
+    from triage.estimators import Work
+    from triage.profiles import load_profile
+
+    est = load_profile("vllm-cpu-smollm2").estimator("proserve")
+    est.learn_shape = True
+    for _ in range(40):                         # a normal day: steps as predicted
+        est.observe_batch([Work(1, 100)] * 8, est.batch_time([Work(1, 100)] * 8))
+    before = est.learnt()
+
+    async def control(op, payload=None):
+        if op == "learnt":
+            return est.learnt()
+        if op == "set_learnt":
+            est.set_learnt(payload)
+        return {}
+
+    async def run():
+        eng = _engine(monkeypatch, standby=True, build_s=0.3)
+        eng.config.scheduler_cls = SCHEDULER_CLS
+        monkeypatch.setattr(eng, "_control", control)
+        await eng.start()
+        await asyncio.sleep(0.05)               # the build is under way
+        assert eng.standby_state == "building"
+        for k in range(40):                     # steps during the build run 3x slower
+            works = [Work(1, 100)] * 8 + ([Work(40, 32)] if k % 2 else [])
+            est.observe_batch(works, 3 * est.uncorrected_batch_time(works))
+        assert est.beta > 2 * before["beta"]
+        await _until(lambda: eng.standby_state == "ready")
+        assert est.learnt() == before
+        await eng.stop()
+
+    asyncio.run(run())

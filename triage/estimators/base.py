@@ -114,6 +114,19 @@ class LatencyEstimator(ABC):
             mean = sum(self._ratios) / len(self._ratios)
             self.beta = self.theta * self.beta + (1 - self.theta) * mean
 
+    def learnt(self) -> dict:
+        """What the online corrections have learnt (plain numbers): with `set_learnt`, a
+        caller can set aside what was learnt while the machine was briefly not itself."""
+        return {"beta": self.beta, "rho": self.rho, "ratios": list(self._ratios),
+                "shape": [list(x) for x in self._shape]}
+
+    def set_learnt(self, state: dict) -> None:
+        self.beta, self.rho = float(state["beta"]), float(state["rho"])
+        self._ratios.clear()
+        self._ratios.extend(float(x) for x in state["ratios"])
+        self._shape.clear()
+        self._shape.extend(tuple(float(v) for v in x) for x in state["shape"])
+
     def split(self, works: Sequence[Work]) -> tuple[float, float]:
         """A batch's uncorrected time as (t_c + decodes, prefills at the profile's cost, ρ
         not applied). A model that cannot tell the parts apart returns (whole, 0): no shape

@@ -502,8 +502,8 @@ class TriageEngine:
             return
         try:
             await self._control("set_learnt", learnt)
-        except Exception:
-            pass
+        except Exception as e:   # the engine died meanwhile: its successor starts afresh
+            log.info("step-time corrections not put back after the standby build: %s", e)
 
     async def relabel(self, request_id: str, level: int) -> None:
         """Re-key `request_id` at `level`; the scheduler applies it at its next step."""

@@ -35,12 +35,7 @@ GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "fre
 # "You are a helpful AI assistant named SmolLM, trained by Hugging Face" and the model
 # answers a dispatch message with a long, often looping essay (median 256 tokens, half at
 # the cap, docs/predictors.md); a dispatcher needs a few actionable sentences.
-# Rendered by SmolLM2's chat template, the turn up to the user's text ("<|im_start|>system\n
-# ...<|im_end|>\n<|im_start|>user\n") is exactly 32 tokens: one whole KV block of the served
-# engine (block size 32), so vLLM's prefix cache holds it once and no call computes it again
-# (a partly filled block is never shared; tests/service/test_service_sampling.py checks it).
-DEFAULT_SYSTEM_PROMPT = ("You are an emergency dispatch assistant. Tell the caller what to do now. "
-                         "Answer briefly, in at most three sentences.")
+DEFAULT_SYSTEM_PROMPT = "You are an emergency dispatch assistant. Answer briefly, in at most three sentences."
 # The generation_config.json keys vLLM's server reads as request defaults
 # (`ModelConfig.get_diff_sampling_param`, vLLM 0.32); max_new_tokens is left out here.
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k",

@@ -64,8 +64,9 @@ class Settings(BaseSettings):
     # vllm: the engine's scheduler learns this machine's prompt cost relative to the profile's
     # (ρ, triage/estimators/base.py) besides its overall speed (β); false: β only
     learn_step_shape: bool = True
-    # vllm: vLLM's prefix caching (its default). The served system turn is one whole KV block
-    # (serving/model_prep.py), so every call that carries it skips that part of its prefill
+    # vllm: vLLM's prefix caching (its default): prompt blocks already computed (a repeated
+    # prompt, a recomputed request's own prompt, a shared system turn of 32+ tokens) are not
+    # computed again; the scheduler plans with each call's hit
     prefix_caching: bool = True
     # vllm on CPU: the engine's processes run this much nicer than the service, so classifying
     # and streaming a new call does not wait behind the engine's compute (0: same priority)

@@ -238,9 +238,9 @@ class TriageScheduler(Scheduler):
             seq=self._seq,
         )
         self._seq += 1
-        # with prefix caching, the prompt's leading blocks already in the cache (the
-        # service's block-aligned system turn, serving/model_prep.py) are not computed
-        # again: the plan charges the step only for the rest, as vLLM will run it
+        # with prefix caching, the prompt's leading blocks already in the cache (a shared
+        # system turn of a whole block or more, a repeated prompt) are not computed again:
+        # the plan charges the step only for the rest, as vLLM will run it
         r.computed = self._prefix_hit(request)
         self.tstate.add(r)
         # add() refreshed weight/SLOs from the class table; per-request SLOs win

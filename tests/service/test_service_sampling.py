@@ -244,25 +244,3 @@ def test_vllm_bench_serve_random_no_failures(svc):
     assert failed is None or int(failed.group(1)) == 0, out[-4000:]
     assert re.search(r"Total generated tokens:\s+640\b", out), out[-4000:]   # ignore_eos: 20 x 32
 
-
-def test_the_served_system_turn_is_one_whole_kv_block_so_the_prefix_cache_shares_it():
-    """Every call that carries the served system turn starts with the same 32 tokens, one
-    KV block of the engine: vLLM's prefix cache computes them once for all calls (a block
-    the user's text reaches into would never be shared)."""
-    from transformers import AutoTokenizer
-
-    from serving.engine import EngineConfig
-    from serving.model_prep import chat_messages, default_model_dir
-
-    tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
-    bs = EngineConfig().block_size
-    firsts = set()
-    for text in ("My father collapsed and is not breathing.", "hi", "Write a poem about the sea, please"):
-        rendered = tok.apply_chat_template(chat_messages([{"role": "user", "content": text}]),
-                                           add_generation_prompt=True, tokenize=False)
-        ids = tok(rendered)["input_ids"]
-        head = tok(rendered[: rendered.index(text)])["input_ids"]
-        assert len(head) == bs and ids[:bs] == head      # the turn ends exactly at the block's end
-        firsts.add(tuple(ids[:bs]))
-    assert len(firsts) == 1
-    assert EngineConfig().enable_prefix_caching

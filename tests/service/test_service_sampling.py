@@ -243,4 +243,3 @@ def test_vllm_bench_serve_random_no_failures(svc):
     assert ok and int(ok.group(1)) == 20, out[-4000:]
     assert failed is None or int(failed.group(1)) == 0, out[-4000:]
     assert re.search(r"Total generated tokens:\s+640\b", out), out[-4000:]   # ignore_eos: 20 x 32
-

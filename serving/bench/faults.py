@@ -434,8 +434,10 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
         metric(before, "triage_engine_standby_takeovers_total")
     requeued = metric(after, "triage_requeued_total") - metric(before, "triage_requeued_total")
     rows = await wait_audit(live, "ek-", running + during, 60.0)
-    mid = [x for x in calls if at_kill[x.crid] > 0]
-    waiting = [x for x in calls if at_kill[x.crid] == 0]
+    # mid-stream at the kill: a token had reached the client, or the server had sent one that
+    # was still on its way (the client's snapshot lags the engine; the error says so)
+    mid = [x for x in calls if at_kill[x.crid] > 0 or _cut_while_generating(x)]
+    waiting = [x for x in calls if x not in mid]
     back_s = round(back_at - t_kill, 2) if back_at else None
     lost = [x.crid for x in calls + late if x.lost]
     mid_errors = [x for x in mid if x.error and x.error.get("code") == "engine_restart"]
@@ -450,6 +452,12 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
             "waiting_served_in_full": sum(x.full for x in waiting), "sent_during_restart": during,
             "during_restart_served_in_full": sum(x.full for x in late), "lost": len(lost),
             "restarts_counted": restarts, "requeued": requeued, "audit_rows": len(rows), "outcomes": out}
+
+
+def _cut_while_generating(x: Call) -> bool:
+    """The call ended with the engine-restart error for a call that had streamed tokens
+    (serving/loop.py EngineRestarted), not the one for a call that waited too often."""
+    return bool(x.error and x.error.get("code") == "engine_restart" and "tokens sent" in x.error.get("message", ""))
 
 
 async def db_outage(live: Live, outage_s: float = 30.0, workers: int = 2, max_tokens: int = 8,

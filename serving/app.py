@@ -307,13 +307,9 @@ def _load_classes(db, s: Settings):
 
 def _profile_slo_scale(s: Settings) -> float:
     """First start: the class SLOs are scaled to the hardware profile, as the simulator does."""
-    from triage.profiles import DEFAULT_PROFILE, load_profile
+    from triage.profiles import load_profile
 
-    name = s.profile or (DEFAULT_PROFILE if s.backend == "simulated" else None)
-    if name is None:
-        from serving.backends.vllm_backend import engine_profile
-
-        name = engine_profile(None)
+    name = s.profile_name()
     try:
         return load_profile(name).slo_scale
     except FileNotFoundError:

@@ -146,11 +146,16 @@ class Settings(BaseSettings):
             raise UnsafeSettings(
                 f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
                 "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
-        if self.policy_params:
-            from triage.policies import make_policy
+        if self.policy_params:   # checked as the engine will run them: over the profile's
+            from triage.profiles import load_profile
 
             try:
-                make_policy(self.policy, **self.policy_params)
+                try:
+                    load_profile(self.profile_name()).make_policy(self.policy, **self.policy_params)
+                except FileNotFoundError:
+                    from triage.policies import make_policy
+
+                    make_policy(self.policy, **self.policy_params)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"policy_params for policy {self.policy!r}: {e}") from None
         unknown = set(self.role_limits) - set(DEFAULT_ROLE_LIMITS)
@@ -179,6 +184,19 @@ class Settings(BaseSettings):
         return self
 
     # --- derived ---------------------------------------------------------------------------
+    def profile_name(self) -> str:
+        """The latency profile in use: the one named, else the simulated backend's default
+        or the engine's own (serving/backends/vllm_backend.py)."""
+        if self.profile:
+            return self.profile
+        if self.backend == "simulated":
+            from triage.profiles import DEFAULT_PROFILE
+
+            return DEFAULT_PROFILE
+        from serving.backends.vllm_backend import engine_profile
+
+        return engine_profile(None)
+
     def resolved_db_url(self) -> str:
         if self.db_url:
             url = self.db_url

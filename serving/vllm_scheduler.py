@@ -50,7 +50,6 @@ from triage.classes import PriorityClasses, load_classes
 from triage.estimators import Work
 from triage.kv import CacheCosts, KVCache
 from triage.plan import BatchPlan, Preemption
-from triage.policies import make_policy
 from triage.profiles import Limits, load_profile
 from triage.request import Request, Stage
 from triage.state import EngineState
@@ -175,8 +174,7 @@ class TriageScheduler(Scheduler):
         profile = load_profile(s.profile)
         # A profile may carry hardware-scaled policy parameters (e.g. SlideBatching's
         # minimum time budget eta, in seconds): {"policy_params": {"triage": {"eta": 1.8}}}
-        params = {**profile.raw.get("policy_params", {}).get(s.policy, {}), **s.policy_params}
-        self.triage_policy = make_policy(s.policy, **params)
+        self.triage_policy = profile.make_policy(s.policy, **s.policy_params)
         classes = PriorityClasses.from_dict(s.classes) if s.classes else load_classes().scaled(profile.slo_scale)
         est = profile.estimator(s.estimator)
         est.learn_shape = s.learn and s.learn_shape

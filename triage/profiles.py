@@ -61,6 +61,13 @@ class Profile:
         step's fixed cost): `policy_params.<name>` in the profile file."""
         return dict(self.raw.get("policy_params", {}).get(policy, {}))
 
+    def make_policy(self, policy: str, **overrides):
+        """`policy` as it runs on this hardware: the profile's `policy_params` for it, with
+        `overrides` (an operator's or a benchmark's options) over them."""
+        from triage.policies import make_policy
+
+        return make_policy(policy, **{**self.policy_params(policy), **overrides})
+
     def estimator(self, kind: str = "proserve") -> LatencyEstimator:
         """A fresh estimator (each instance keeps its own online correction β)."""
         if kind == "proserve":

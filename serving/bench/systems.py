@@ -79,10 +79,11 @@ def variant_params(name: str) -> dict:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
-    from triage.policies import make_policy
+    from serving.backends.vllm_backend import ENGINE_PROFILE
+    from triage.profiles import load_profile
 
-    try:
-        make_policy("triage", **out)
+    try:   # as the engine will run them: over the engine profile's options
+        load_profile(ENGINE_PROFILE).make_policy("triage", **out)
     except TypeError as e:       # an option the policy does not have
         raise ValueError(f"{name!r}: {e}") from None
     return out

@@ -245,12 +245,14 @@ def fit_profile(samples: list, *, name: str, engine_info: dict, seed: int = 0, h
         # triage's `safety`: how far a real step may overrun its prediction (the 99.9th
         # percentile of measured/predicted over the sweep); a protected decode's steps are
         # planned that much shorter than its TPOT, since a miss in any one step is a miss.
-        # The live engine runs triage in its strict-urgency mode (docs/preemption.md): any
-        # more urgent call takes a seat from a less urgent one, decodes first, and no step
-        # longer than max_step_s (about two full decode steps), so an urgent arrival waits
-        # at most one short step for the engine.
+        # The live engine runs triage in its strict-urgency mode (docs/preemption.md): an
+        # ESI-1 call always takes a seat from a less urgent one, any other more urgent call
+        # only when the seat that frees by itself would come too late for its first-token
+        # deadline (evict_for="deadline": a displacement no SLO needs costs everyone
+        # throughput), decodes first, and no step longer than max_step_s (about two full
+        # decode steps), so an urgent arrival waits at most one short step for the engine.
         "policy_params": {"triage": {"eta": round(full_step, 3), "safety": safety, "order": "level",
-                                     "evict_for": "level", "max_step_s": round(max(0.2, 2 * decode_step), 3)},
+                                     "evict_for": "deadline", "max_step_s": round(max(0.2, 2 * decode_step), 3)},
                           "slidebatching": {"eta": round(full_step, 3)}},
         "noise_cv": round(noise_cv, 4),
         "mape": round(mape(ps), 4),

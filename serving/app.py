@@ -7,7 +7,6 @@ database, else data/priority_classes.toml as version 1) -> audit writer -> predi
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from contextlib import asynccontextmanager

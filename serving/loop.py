@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from serving.backends.base import GenRequest, TokenEvent
+from serving.backends.base import GenRequest
 from serving.db.writer import AuditWriter, Record
 from serving.metrics import Metrics
 from triage.classes import ClassError, PriorityClasses

@@ -147,15 +147,15 @@ class Settings(BaseSettings):
                 f"refusing to bind {self.host!r}: API keys would be reachable off this machine; "
                 "put a TLS proxy in front and set TRIAGE_ALLOW_PUBLIC=true")
         if self.policy_params:   # checked as the engine will run them: over the profile's
+            from triage.policies import make_policy
             from triage.profiles import load_profile
 
             try:
-                try:
-                    load_profile(self.profile_name()).make_policy(self.policy, **self.policy_params)
-                except FileNotFoundError:
-                    from triage.policies import make_policy
-
-                    make_policy(self.policy, **self.policy_params)
+                base = load_profile(self.profile_name()).policy_params(self.policy)
+            except FileNotFoundError:   # a missing profile is the service's warning at start
+                base = {}
+            try:
+                make_policy(self.policy, **{**base, **self.policy_params})
             except (TypeError, ValueError) as e:
                 raise ValueError(f"policy_params for policy {self.policy!r}: {e}") from None
         unknown = set(self.role_limits) - set(DEFAULT_ROLE_LIMITS)

@@ -26,7 +26,6 @@ import numpy as np
 from serving.backends.base import GenRequest, TokenEvent
 from serving.model_prep import served_sampling_defaults
 from triage.classes import PriorityClasses
-from triage.policies import make_policy
 from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.request import Request
 from triage.sim.simulator import Instance
@@ -80,8 +79,7 @@ class SimulatedBackend:
 
     async def start(self) -> None:
         # the profile's options for the policy, then the operator's (as the vLLM plugin does)
-        policy = make_policy(self.settings.policy, **{**self.profile.policy_params(self.settings.policy),
-                                                      **self.settings.policy_params})
+        policy = self.profile.make_policy(self.settings.policy, **self.settings.policy_params)
         self.inst = Instance(policy, self.profile, self.classes, np.random.default_rng(self.settings.sim_seed),
                              index=0)
         self._t0 = time.monotonic()

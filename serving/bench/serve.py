@@ -29,7 +29,7 @@ import numpy as np
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
 from serving.bench.report import _pct, summarize
 from serving.bench.systems import MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, start_system
-from serving.bench.texts import Text, classify, load_chat
+from serving.bench.texts import Text, classify
 
 IDLE_TEXT = "My father collapsed and is not breathing."
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -102,7 +101,6 @@ def simulate(
     """Replay a trace (or bench serve's burst) through the simulator with one policy; print
     the per-gold-level report. These are simulation results."""
     from triage.classes import load_classes
-    from triage.policies import make_policy
     from triage.profiles import DEFAULT_PROFILE, load_profile
     from triage.sim.inputs import apply_inputs
     from triage.sim.metrics import summarize
@@ -143,8 +141,8 @@ def simulate(
                                  max_len=prof.max_request_tokens)
             reqs, info = apply_inputs(reqs, levels=inputs.levels, lengths=inputs.lengths,
                                       pool=inputs.pool if inputs.needs_texts else None, seed=seed)
-        params = {**prof.policy_params(policy), **_parse_params(param)}
-        pol = make_policy(policy, **params)
+        params = _parse_params(param)
+        pol = prof.make_policy(policy, **params)
     except (ValueError, FileNotFoundError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     if inputs.pool_info:
@@ -155,7 +153,7 @@ def simulate(
                 from triage.sim.cluster import simulate_cluster
 
                 try:
-                    res = simulate_cluster(reqs, lambda: make_policy(policy, **params), prof, classes,
+                    res = simulate_cluster(reqs, lambda: prof.make_policy(policy, **params), prof, classes,
                                            instances=instances, router=router, pd=pd, seed=seed, progress=advance,
                                            truth=inputs.truth, bias=truth_bias)
                 except ValueError as e:
@@ -194,7 +192,6 @@ def simulate(
 
 def _burst_report(res, prof, classes, policy, inputs, info, n, spread, max_tokens, output_tokens, seed) -> dict:
     """bench serve's JSON shape, one system: the simulated `policy`."""
-    from triage.policies import make_policy
     from triage.sim.metrics import serve_report
     from triage.sim.simulator import simulate as run
     from triage.sim.traces import TraceRequest
@@ -207,7 +204,7 @@ def _burst_report(res, prof, classes, policy, inputs, info, n, spread, max_token
 
     idle = TraceRequest(0.0, prompt_token_counter()(IDLE_TEXT), min(output_tokens or max_tokens, max_tokens), 1,
                         max_tokens=max_tokens)
-    floor = run([idle], make_policy(policy, **prof.policy_params(policy)), prof, classes, seed=seed, truth=inputs.truth)
+    floor = run([idle], prof.make_policy(policy), prof, classes, seed=seed, truth=inputs.truth)
     system["idle_ttft_ms"] = round(1000 * floor.requests[0].ttft, 1)
     system["classifier"] = info.get("classifier", {})
     system["estimator"] = res.estimator

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import (Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text,
+from sqlalchemy import (Boolean, DateTime, Float, Index, Integer, MetaData, String, Text,
                         UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 

@@ -237,8 +237,8 @@ def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch,
     # options are checked over the engine profile's, as the engine runs them (its order="level"
     # makes evict_for="deadline" valid; on its own that option needs order="level" beside it)
     assert variant_params("triage:evict_for=deadline") == {"evict_for": "deadline"}
-    for bad in ("triage:max_step_s=-1", "triage:nope=1", "triage:evict_for=deadline+order=slide", "triage:max_step_s", "sglang", "triage:predictor_threads=0",
-                "triage:engine_nice=x"):
+    for bad in ("triage:max_step_s=-1", "triage:nope=1", "triage:evict_for=deadline+order=slide", "triage:max_step_s",
+                "sglang", "triage:predictor_threads=0", "triage:engine_nice=x"):
         with pytest.raises(ValueError):
             check_system(bad)
     r = subprocess.run(CLI + ["--systems", "triage,triage:no_such_option=1"], capture_output=True, text=True)

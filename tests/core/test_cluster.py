@@ -76,7 +76,6 @@ def test_parse_pd():
 
 def test_bench_rows_goodput_and_plot(tmp_path):
     from triage.sim.bench import bench_policies, goodput, plot_policies
-    from triage.paths import data_dir
     trace = tmp_path / "t.csv"
     trace.write_text("arrival,prompt_tokens,output_tokens,level\n" +
                      "".join(f"{i * 0.5},{200 + 10 * i},{20},{1 + i % 5}\n" for i in range(40)))

@@ -8,7 +8,6 @@ corpus rows, one epoch; about a minute on 2 cores). No file name here may shadow
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest

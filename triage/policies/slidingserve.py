@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from triage.estimators import SlidingServeEstimator, Work
-from triage.estimators.slidingserve import features, scenario
+from triage.estimators.slidingserve import features
 from triage.plan import BatchPlan
 from triage.policies.base import Policy, SchedulerView, register
 from triage.policies.builder import WAITING_STAGES, BatchBuilder

@@ -72,7 +72,7 @@ import numpy as np
 
 from triage.plan import BatchPlan
 from triage.policies.base import SchedulerView, register
-from triage.policies.builder import TIME_SLACK, WAITING_STAGES, BatchBuilder, keep_tokens_for
+from triage.policies.builder import TIME_SLACK, BatchBuilder, keep_tokens_for
 from triage.policies.slidebatching import QueueMetrics, SlideBatching, ensure_progress
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from triage.classes import load_classes
-from triage.policies import make_policy
 from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.sim.cluster import simulate_cluster
 from triage.sim.inputs import TextPool, apply_inputs
@@ -43,8 +42,7 @@ def run_one(trace_path, policy: str, rate_scale: float, *, limit: int | None, se
     trace = resolve_trace(trace_path, rate=rate, limit=limit, rate_scale=rate_scale, seed=seed,
                           max_len=prof.max_request_tokens)
     trace, info = apply_inputs(trace, levels=levels, lengths=lengths, pool=pool, seed=seed)
-    params = {**prof.policy_params(policy), **(params or {})}
-    res = simulate_cluster(trace, lambda: make_policy(policy, **params), prof, classes, instances=instances,
+    res = simulate_cluster(trace, lambda: prof.make_policy(policy, **(params or {})), prof, classes, instances=instances,
                            router=router, pd=pd, seed=seed, truth=truth)
     if not res.requests:
         raise NothingCompleted(f"{policy} at rate scale {rate_scale}: no request completed")

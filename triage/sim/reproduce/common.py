@@ -11,7 +11,6 @@ from typing import Callable, Sequence
 
 from triage.classes import PriorityClass, PriorityClasses
 from triage.paths import shared_datasets_dir
-from triage.policies import make_policy
 from triage.profiles import Profile, load_profile
 from triage.sim.cluster import simulate_cluster
 from triage.sim.metrics import summarize
@@ -55,8 +54,7 @@ def run(trace: list[TraceRequest], system: System, profile: str, classes: Priori
         seed: int = 0, tpot_metric: str = "mean") -> dict:
     """One simulated run → summary (per gold level) plus the rejected count and span."""
     prof = profile_for(profile, system)
-    params = {**prof.policy_params(system.policy), **system.params}
-    res = simulate_cluster(trace, lambda: make_policy(system.policy, **params), prof, classes, instances=instances,
+    res = simulate_cluster(trace, lambda: prof.make_policy(system.policy, **system.params), prof, classes, instances=instances,
                            router=system.router, router_params=system.router_params or None, seed=seed)
     s = summarize(res.requests, classes, system.label, gold=res.gold, tpot_metric=tpot_metric)
     n_all = len(res.requests) + len(res.rejected)

@@ -128,14 +128,19 @@ def parse_vitals(text: str) -> Vitals:
     age = _f(r"\bage\s*:?\s*(\d{1,3})\b", t)
     if age is None:
         age = _f(r"\b(\d{1,3})\s*(?:y/?o|yo|yrs?|years? old|[MF])\b", t)
+    # The first mention that states a level: "mental change, age 77, ..., mental: pain" is a
+    # chief complaint ("mental change") followed by the AVPU reading ("mental: pain").
     avpu = None
-    m = re.search(r"\b(?:mental(?:\s+status)?|AVPU|mentality)(\s*:?\s*)(responds to pain|a&ox3|[a-z]+)", t, flags=re.IGNORECASE)
-    if m:
+    for m in re.finditer(r"\b(?:mental(?:\s+status)?|AVPU|mentality)(\s*:?\s*)(responds to pain|a&ox3|[a-z]+)", t,
+                         flags=re.IGNORECASE):
         avpu = _AVPU_WORDS.get(m.group(2).lower())
+        if avpu is None:
+            continue
         word = m.group(0).split()[0].lower().rstrip(":")
-        if avpu is not None and word in ("mental", "mentality") and ":" not in m.group(1) \
+        if word in ("mental", "mentality") and ":" not in m.group(1) \
                 and not m.group(0).lower().startswith("mental status"):
             weak.add("avpu")
+        break
     got["avpu"] = avpu
     got["gcs"] = _f(_WEAK["gcs"], t)
     if got["gcs"] is not None:

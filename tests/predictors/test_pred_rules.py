@@ -21,6 +21,10 @@ from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_f
     ("pt 5 y/o M, CC: fever; V/S 100/60-150-32-38.9, sat 91; AVPU V",
      dict(age=5, sbp=100, dbp=60, hr=150, rr=32, bt=38.9, spo2=91, avpu="V")),
     ("dyspnea, age 80, mental: responds to pain only", dict(age=80, avpu="P")),
+    # a chief complaint that says "mental" before the AVPU reading (KTAS nurses write both)
+    ("mental change, age 76, mental: unresponsive", dict(age=76, avpu="U")),
+    ("altered mental change, age 68, BT 37.3, mental: pain", dict(age=68, bt=37.3, avpu="P")),
+    ("mental status change, SBP 150 DBP 100 HR 84, mental: alert", dict(sbp=150, dbp=100, hr=84, avpu="A")),
     ("my dad, heart rate of 135, resp rate 32, sats 88, blood pressure 85/50",        # spelled out by a caller
      dict(hr=135, rr=32, spo2=88, sbp=85, dbp=50)),
     ("pulse 40, oxygen saturation 84", dict(hr=40, spo2=84)),
@@ -230,3 +234,12 @@ def test_clean_text():
     assert clean_text(None) == ""
     assert clean_text("a\x00b") == "a b"
     assert len(clean_text("x" * 100_000)) == 4000
+
+
+def test_avpu_after_a_mental_chief_complaint_fires_decision_point_a():
+    """"mental change" as the complaint must not hide the AVPU reading that follows it: an
+    unresponsive patient is level 1 whatever the complaint says (ESI decision point A)."""
+    for text in ("mental change, age 79, SBP 160 DBP 90 HR 88, mental: unresponsive",
+                 "mental change, age 77, mental: pain"):
+        assert safety_floor(parse_vitals(text), 2).level == 1, text
+    assert safety_floor(parse_vitals("mental change, age 83, SBP 150 DBP 100 HR 84, mental: alert"), 2).level > 1

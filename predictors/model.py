@@ -181,10 +181,12 @@ class Classifier:
         """The PyTorch encoder's last hidden states for a tokenised batch (no classification head)."""
         return self.model.base_model(**enc).last_hidden_state
 
-    def head_logits(self, hidden):
+    def head_logits(self, hidden, mask=None):
         """This classifier's head on encoder hidden states: BERT/MiniLM pooler + classifier,
         or DistilBERT's pre_classifier + ReLU + classifier on the first token (dropout is
-        off in eval mode). Equal to the model's own forward when `hidden` is its encoder's."""
+        off in eval mode). Equal to the model's own forward when `hidden` is its encoder's.
+        `mask` (the batch's attention mask) is for heads that pool over tokens; this one
+        reads the first token only."""
         import torch
 
         m = self.model
@@ -212,7 +214,7 @@ class Classifier:
                     logits = self._onnx(enc)
                 else:
                     hidden = self.hidden(enc)
-                    logits = [h.head_logits(hidden).float().numpy() for h in self.heads]
+                    logits = [h.head_logits(hidden, enc["attention_mask"]).float().numpy() for h in self.heads]
                 for acc, lg in zip(out, logits):
                     acc.append(lg)
         return [np.concatenate(acc) if acc else np.zeros((0, len(h.meta.labels)), dtype=np.float32)

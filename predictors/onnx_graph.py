@@ -104,8 +104,9 @@ def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int
             self.heads = torch.nn.ModuleList(m for h in heads for m in h.head_modules())  # so their weights are exported
 
         def forward(self, *args):
-            hidden = self.encoder(**dict(zip(names, args))).last_hidden_state
-            return tuple(h.head_logits(hidden) for h in heads)
+            inputs = dict(zip(names, args))
+            hidden = self.encoder(**inputs).last_hidden_state
+            return tuple(h.head_logits(hidden, inputs["attention_mask"]) for h in heads)
 
     outputs = [f"logits_{i}" for i in range(len(heads))]
     example = base.encode(_PROBES[1])
@@ -121,7 +122,7 @@ def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int
                 enc = base.encode(texts)
                 hidden = base.hidden(enc)
                 for got, head in zip(graph(enc), heads):
-                    diff = max(diff, float(np.abs(got - head.head_logits(hidden).numpy()).max()))
+                    diff = max(diff, float(np.abs(got - head.head_logits(hidden, enc["attention_mask"]).numpy()).max()))
         if not diff <= TOLERANCE:
             raise OnnxUnavailable(f"the ONNX export differs from PyTorch by {diff:.3g} (> {TOLERANCE})")
         os.replace(tmp, path)

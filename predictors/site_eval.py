@@ -55,7 +55,7 @@ def general_outputs(texts: list[str], model_dir: Path, threads: int = 2, runtime
     h = hashlib.sha256()
     h.update(weights_fingerprint(model_dir).encode())
     h.update((model_dir / "triage_meta.json").read_bytes())
-    h.update(b"v1")  # the cache holds pooled vectors and P_general, not the feature layout
+    h.update(b"v2")  # the cache holds pooled vectors (v2: with the token mean) and P_general, not the feature layout
     for t in texts:
         h.update(t.encode("utf-8", "replace") + b"\0")
     cache = state_dir() / "cache" / f"ktas-site-features-{h.hexdigest()[:20]}.npz"

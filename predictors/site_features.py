@@ -4,6 +4,10 @@ parsed from the text.
 
     x = [pooled vector (hidden size) | log P_general(1..5) | vitals block (VITALS_NAMES)]
 
+Since version 4 the pooled vector is `predictors.embedding.PooledHead`'s two halves, the
+first-token vector the classifier reads and the mean of the token states (2 x the encoder's
+width, 768 for MiniLM-L6), from the same encoder pass.
+
 The vitals block gives a linear head what it cannot get from digits in an embedding: each
 reading (missing -> a normal value, with a missing flag), how far it lies outside the
 normal adult range (hinges), the pain score (NRS 0-10, as "NRS 7" or "pain 7/10"), AVPU
@@ -27,7 +31,7 @@ import numpy as np
 
 from predictors.vitals import Vitals, danger_zone_limits, parse_vitals, safety_floor
 
-FEATURE_VERSION = 3  # bump when the layout below changes (stored examples carry it)
+FEATURE_VERSION = 4  # bump when the layout below changes (stored examples carry it); 4: pooled + token mean
 
 # (field, normal value used when missing, scale, hinge below, hinge above)
 _READINGS = (

@@ -38,10 +38,11 @@ from triage.paths import state_dir
 
 ProgressFn = Callable[[str, int, int], None]
 # The simulated site's accepted under-triage of levels 1-2 for the decision rule: the KTAS
-# triage nurses' own figure is 0.138 (issue 14's bar); 0.12 leaves margin below it. A site
-# sets its own (`--adapt kfold=5,budget=B`); the production path (`triage adapt`) keeps the
-# general model's under-triage as its budget.
-SITE_BUDGET = 0.12
+# triage nurses' own figure, 0.138 (issue 14's bar; until 2026-11-26 0.12, which held the
+# held-out figure further below it at 2-3 points of accuracy). A site sets its own
+# (`--adapt kfold=5,budget=B`); the production path (`triage adapt`) keeps the general
+# model's under-triage as its budget.
+SITE_BUDGET = 0.138
 SITE_HEAD = "auto"  # logistic, trees or their blend, chosen per fold by inner log-loss
 KEYS = ("n", "accuracy", "under_triage_1_2", "level1_recall", "over_triage", "within_one", "macro_f1", "critical_to_3plus")
 

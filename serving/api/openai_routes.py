@@ -20,8 +20,13 @@ from serving.model_prep import chat_messages
 from triage.injection import strip_directives
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-# with "stream": true the answer is server-sent events (one JSON chunk per `data:` line)
-STREAM_RESPONSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+# with "stream": true the answer is server-sent events (one JSON chunk per `data:` line, then
+# `data: [DONE]`). The schema is that of one event, as OpenAPI 3.2 (`itemSchema`) and
+# schemathesis (which checks every event of a stream against it) read an event stream.
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                            "retry": {"type": "integer"}}}
+STREAM_RESPONSE = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
                          "description": "the completion (JSON), or with stream=true server-sent events"}}
 
 

@@ -11,6 +11,10 @@ checked by schemathesis:
                         content_type_conformance, response_schema_conformance), or
                         invalid input was accepted (negative_data_rejection)
 
+Random generation rarely makes a valid streaming call (one in ~2,000 cases), so each
+streaming operation also gets one fixed valid `"stream": true` case (`STREAM_CASES`), whose
+every server-sent event is checked against the schema.
+
     report = fuzz("http://127.0.0.1:8000", admin_key, cases=2000)
     report -> {"cases", "server_errors", "schema_violations", "by_operation", "findings"}
 """
@@ -23,6 +27,10 @@ from typing import Callable
 
 SCHEMA_CHECKS = ("status_code_conformance", "content_type_conformance", "response_schema_conformance",
                  "negative_data_rejection")
+# one valid streaming call per streaming operation (checked beside the generated cases)
+STREAM_CASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "chest pain, HR 120"}],
+                                         "stream": True, "max_tokens": 4},
+                "/v1/completions": {"prompt": "chest pain, HR 120", "stream": True, "max_tokens": 4}}
 
 
 def _checks():
@@ -61,6 +69,36 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                                        "status": Counter()})
     findings: list[dict] = []
     modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+
+    def check(label: str, mode: str, case) -> None:
+        """Call the server with `case` and count what schemathesis finds in the response."""
+        st = by_op[label]
+        st["cases"] += 1
+        t_call = time.perf_counter()
+        try:
+            resp = case.call(base_url=url, session=session, headers=headers, timeout=timeout_s)
+            st["seconds"] += time.perf_counter() - t_call
+        except requests.RequestException as e:
+            counts["server_errors"] += 1
+            st["server_errors"] += 1
+            findings.append({"operation": label, "mode": mode, "kind": "server_error",
+                             "detail": f"no response: {type(e).__name__}"})
+            return
+        st["status"][resp.status_code] += 1
+        # a 5xx is a server error (its undocumented status is not counted again)
+        groups = [("server_error", [server_error])] if resp.status_code >= 500 else \
+            [("server_error", [server_error]), ("schema_violation", schema_checks)]
+        for kind, checks in groups:
+            try:
+                case.validate_response(resp, checks=checks, headers=headers)
+            except (Exception, BaseExceptionGroup) as e:   # schemathesis: a FailureGroup of check failures
+                counts[kind + "s"] += 1
+                st[kind + "s"] += 1
+                if len(findings) < 50:
+                    findings.append({"operation": label, "mode": mode, "kind": kind,
+                                     "status": resp.status_code, "detail": str(e)[:600]})
+        if on_case:
+            on_case(made)
     budget = max(1, cases)
     rnd = 0
     stalled = 0
@@ -87,33 +125,7 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     if made >= budget:
                         return
                     made += 1
-                    st = by_op[op.label]
-                    st["cases"] += 1
-                    t_call = time.perf_counter()
-                    try:
-                        resp = case.call(base_url=url, session=session, headers=headers, timeout=timeout_s)
-                        st["seconds"] += time.perf_counter() - t_call
-                    except requests.RequestException as e:
-                        counts["server_errors"] += 1
-                        st["server_errors"] += 1
-                        findings.append({"operation": op.label, "mode": mode.value, "kind": "server_error",
-                                         "detail": f"no response: {type(e).__name__}"})
-                        return
-                    st["status"][resp.status_code] += 1
-                    # a 5xx is a server error (its undocumented status is not counted again)
-                    groups = [("server_error", [server_error])] if resp.status_code >= 500 else \
-                        [("server_error", [server_error]), ("schema_violation", schema_checks)]
-                    for kind, checks in groups:
-                        try:
-                            case.validate_response(resp, checks=checks, headers=headers)
-                        except (Exception, BaseExceptionGroup) as e:   # schemathesis: a FailureGroup of check failures
-                            counts[kind + "s"] += 1
-                            st[kind + "s"] += 1
-                            if len(findings) < 50:
-                                findings.append({"operation": op.label, "mode": mode.value, "kind": kind,
-                                                 "status": resp.status_code, "detail": str(e)[:600]})
-                    if on_case:
-                        on_case(made)
+                    check(op.label, mode.value, case)
 
                 try:
                     one()
@@ -121,6 +133,11 @@ def fuzz(url: str, key: str, cases: int, *, seed: int = 0, timeout_s: float = 60
                     pass
         rnd += 1
         stalled = stalled + 1 if made == before else 0
+    for path, body in STREAM_CASES.items():
+        op = schema[path]["POST"]
+        if not operations or op.label in operations:
+            made += 1
+            check(op.label, "stream", op.Case(body=body, media_type="application/json"))
     out = {"cases": made, "server_errors": counts["server_errors"], "schema_violations": counts["schema_violations"]}
     hostile_out = []
     if hostile:

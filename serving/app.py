@@ -210,6 +210,7 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     app.state.sessions = SessionStore()
     app.state.keys = KeyStore(db, cache_s=s.key_cache_s)
     metrics = app.state.metrics = Metrics()
+    metrics.gc.start()
     from serving.limits import KeyLimiter
 
     app.state.limiter = KeyLimiter(s.role_limits, retry_after_s=s.retry_after_s,
@@ -264,6 +265,10 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
 
         app.state.supervisor = EngineSupervisor(backend, metrics, RestartLimits.from_settings(s),
                                                 on_up=fe.wake).start()
+    from serving.gc_heap import freeze_heap
+
+    if s.gc_freeze:
+        freeze_heap("service started")   # as vLLM's own API server does (serving/gc_heap.py)
     log.info("triage service ready: backend %s, database %s, classes v%d", backend.name,
              db.url.render_as_string(hide_password=True), classes.version)
 
@@ -334,3 +339,5 @@ async def _shutdown(app: FastAPI) -> None:
         st.writer.stop(10.0)
     if getattr(st, "db", None) is not None:
         st.db.dispose()
+    if getattr(st, "metrics", None) is not None:
+        st.metrics.gc.stop()

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from serving.gc_heap import freeze_heap
 from serving.model_prep import default_model_dir, generation_defaults
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ class EngineConfig:
     # (no cold start, ~30-70 s on a 2-core CPU), and a new standby is built in the background.
     # Costs the engine's memory twice (model + KV cache) and, while building, CPU
     standby: bool = False
+    gc_freeze: bool = True            # each engine built: its client objects frozen out of GC scans
     scheduler_cls: str | None = SCHEDULER_CLS   # None: vLLM's own scheduler
     scheduling_policy: str = "priority"
     stats_interval_s: float = 0.5
@@ -274,6 +276,8 @@ class TriageEngine:
             llm._run_output_handler()
         if cpu_only() and self.config.engine_nice > 0:   # each engine's processes once (a standby's too)
             self._niced.update(lower_engine_priority(self.config.engine_nice, skip=self._niced))
+        if self.config.gc_freeze:   # its client objects out of later collections (serving/gc_heap.py)
+            freeze_heap("engine built")
         return llm
 
     def _install(self, llm) -> None:

@@ -53,5 +53,10 @@ class Metrics:
                                     "(serving/loop_watchdog.py; each is logged with where it was blocked)",
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
 
+        from serving.gc_heap import GcPauses
+
+        self.gc = GcPauses()   # process-wide: started and stopped with the app (serving/app.py)
+        r.register(self.gc)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     # a blocked event loop (every stream and health check waits) is logged with where it was
     # blocked, and counted in triage_event_loop_stall_seconds (serving/loop_watchdog.py)
     loop_stall_warn_s: float = Field(1.0, gt=0)
+    # after start-up (and after each engine build) the long-lived heap is frozen out of the
+    # garbage collector's scans, as vLLM's API server does; off only to measure what it saves
+    # (serving/gc_heap.py, triage_gc_* metrics)
+    gc_freeze: bool = True
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"

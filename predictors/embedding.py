@@ -13,7 +13,7 @@ predictions. It has two halves:
   sentence encoder). Fine-tuning for urgency made the first half about ESI urgency; the
   mean keeps more of what the text is about (which complaint, which body site), what a
   site's own protocol grades by. On KTAS's k-fold site evaluation it raised the adapted
-  accuracy from 0.601 to 0.624 at the same under-triage budget (docs/predictors.md, "Site
+  accuracy from 0.601 to 0.627 at the same under-triage budget (docs/predictors.md, "Site
   adaptation"), at no extra encoder cost.
 """
 from __future__ import annotations

@@ -20,18 +20,16 @@ import time
 log = logging.getLogger(__name__)
 
 
-def freeze_heap(why: str) -> int:
-    """Collect, then freeze everything alive now out of later collections' scans; returns
-    the number of objects frozen in all. Call after a start-up phase (service start, an
-    engine built), never per request: the collection before the freeze scans what is not
-    frozen yet (the whole heap the first time)."""
+def freeze_heap(why: str) -> None:
+    """Collect, then freeze everything alive now out of later collections' scans (the count
+    is logged and exported as `triage_gc_frozen_objects`). Call after a start-up phase
+    (service start, an engine built), never per request: the collection before the freeze
+    scans what is not frozen yet (the whole heap the first time)."""
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()
-    n = gc.get_freeze_count()
-    log.info("%s: %d objects frozen out of the garbage collector's scans (%.0f ms)", why, n,
+    log.info("%s: %d objects frozen out of the garbage collector's scans (%.0f ms)", why, gc.get_freeze_count(),
              1000 * (time.perf_counter() - t0))
-    return n
 
 
 class GcPauses:

@@ -62,3 +62,20 @@ def test_an_instances_engine_children_run_below_it():
             p.kill()
         parent.kill()
         parent.wait()
+
+
+def test_instances_and_front_end_share_the_benchs_session_in_groups_of_their_own(tmp_path):
+    """Nice values only count inside one autogroup (one session): the front end and the
+    instances must share the bench's session for the engines' lower priority to yield the
+    front end's CPU, and each must lead its own process group so a kill takes it whole."""
+    proc = cluster._popen([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ),
+                          tmp_path / "p.log", 0)
+    try:
+        assert os.getsid(proc.pid) == os.getsid(0)
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+        cluster.kill_group(cluster.Server("p", "", None, proc, tmp_path / "p.log"))
+        assert proc.returncode is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -19,9 +19,18 @@ read locally (the same files the instances serve: `--model` or the prepared defa
 
 Faults: a request whose instance refuses the connection, breaks, or answers 503 (vLLM's
 `--max-num-queued-reqs`) before any token came back is routed again among the others
-(at most `2 x instances` tries); one that breaks after tokens were streamed ends with
-an `InstanceLost` error (the client sees an error event naming the instance and the
-tokens it got; the audit row says outcome `error` and names the instance). When every
+(at most `2 x instances` tries). One that breaks after tokens were streamed is *resumed*
+on another instance: the front end holds the prompt's token ids (vLLM returns them with
+the first chunk, `return_token_ids`) and every output token id it passed on, and sends
+`prompt_ids + output_ids` with the remaining `max_tokens` (and `min_tokens`), so the
+client's stream goes on where it stopped: token for token the same under greedy
+decoding, a fresh sample of the rest under temperature > 0 (at most `RESUME_MAX` times
+a request; the audit row names the last instance). What cannot be resumed (no instance
+left in rotation within `NO_INSTANCE_WAIT_S`, or a stream whose ids are incomplete) ends
+with an `InstanceLost` error (the client sees an error event naming the instance and the
+tokens it got; the audit row says outcome `error`). Text an instance's detokenizer held
+back when it died (the first bytes of a multi-byte character, a possible stop-string
+prefix) is lost, and a stop string spanning the break is not matched. When every
 instance in rotation refuses with 503, the least urgent are shed: a request below the
 most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-urgent
 one keeps trying for up to `URGENT_WAIT_S`. While no instance at all is in rotation, a
@@ -34,6 +43,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -50,6 +60,7 @@ log = logging.getLogger(__name__)
 
 URGENT_WAIT_S = 30.0
 NO_INSTANCE_WAIT_S = 10.0   # a request not yet started waits this long for an instance to rejoin
+RESUME_MAX = 2              # mid-stream resumptions of one request on another instance
 
 
 class VLLMClientError(ValueError):
@@ -86,6 +97,23 @@ class _Retry(Exception):
     def __init__(self, why: str, full: bool = False) -> None:
         super().__init__(why)
         self.full = full
+
+
+@dataclass
+class _Progress:
+    """What one request has streamed so far, over all its attempts: what a resumption on
+    another instance needs."""
+
+    prompt_ids: list[int] | None = None   # the prompt as the first instance tokenized it
+    out_ids: list[int] = field(default_factory=list)   # every output token id passed on
+    n_out: int = 0                        # output tokens passed on (the instances' count)
+    prompt_tokens: int = 0
+    resumed: int = 0
+    failed_on: set[int] = field(default_factory=set)   # instances a stream of it broke on
+
+    @property
+    def resumable(self) -> bool:
+        return self.prompt_ids is not None and self.n_out > 0 and len(self.out_ids) == self.n_out
 
 
 def parse_instances(value: str | list[str] | None) -> list[str]:
@@ -156,7 +184,8 @@ class RemoteBackend:
             inflight.labels(i.url).set_function(lambda i=i: float(len(i.sent)))
         return {"routed": Counter("triage_routed_total", "Requests dispatched, by instance and router",
                                   ["instance", "router"], registry=r),
-                "rerouted": Counter("triage_rerouted_total", "Requests sent again elsewhere before any token",
+                "rerouted": Counter("triage_rerouted_total", "Requests sent again elsewhere: before any token "
+                                    "(queue_full, instance_fault) or resumed after tokens (resumed_midstream)",
                                     ["reason"], registry=r),
                 "lost": Counter("triage_instance_lost_total", "Streams ended by an instance fault after tokens",
                                 ["instance"], registry=r)}
@@ -247,8 +276,9 @@ class RemoteBackend:
                        weight=c.weight if c else 1.0, predicted_output_len=max(1, req.predicted_output_len),
                        output_len=req.max_tokens)
 
-    def _pick(self, r: Request, now: float) -> RemoteInstance | None:
+    def _pick(self, r: Request, now: float, avoid: set[int] = frozenset()) -> RemoteInstance | None:
         pool = [i for i in self.instances if i.available and i.full_until <= now]
+        pool = [i for i in pool if i.index not in avoid] or pool   # a resumption goes elsewhere if it can
         if not pool:
             return None
         return pool[self.router.route(r, pool, now)]
@@ -265,9 +295,10 @@ class RemoteBackend:
         tries = 0
         started_at = time.time()
         urgent = req.level <= self.classes.most_urgent
+        prog = _Progress(prompt_tokens=req.prompt_tokens)
         while True:
             now = time.time()
-            inst = self._pick(r, now)
+            inst = self._pick(r, now, prog.failed_on)
             if inst is None:
                 up = [i for i in self.instances if i.available]
                 if not up and now - started_at < NO_INSTANCE_WAIT_S:   # one may rejoin (a slow /health)
@@ -292,7 +323,7 @@ class RemoteBackend:
             if self._m:
                 self._m["routed"].labels(inst.url, self.router_name).inc()
             try:
-                async for ev in self._stream(inst, req, r):
+                async for ev in self._stream(inst, req, r, prog):
                     yield ev
                 return
             except _Retry as e:
@@ -313,11 +344,22 @@ class RemoteBackend:
                     self._m["rerouted"].labels("queue_full" if e.full else "instance_fault").inc()
                 log.warning("request %s re-routed (no token sent yet): %s on %s", req.request_id, e, inst.url)
                 continue
-            except InstanceLost:
+            except InstanceLost as e:
+                inst.counters["errors"] += 1
+                prog.failed_on.add(inst.index)
+                if prog.prompt_ids is None and prog.n_out and self._tokenizer is not None:
+                    prog.prompt_ids = self._tokenizer(req.prompt)["input_ids"]   # as vLLM's completions tokenize
+                if prog.resumable and prog.resumed < RESUME_MAX and req.request_id not in self._aborted:
+                    prog.resumed += 1
+                    self.dispatch.resumed += 1
+                    if self._m:
+                        self._m["rerouted"].labels("resumed_midstream").inc()
+                    log.warning("request %s resumed elsewhere after %d tokens: %s", req.request_id, prog.n_out, e)
+                    started_at, tries = time.time(), 0   # it may wait for an instance as a new request does
+                    continue
                 self.dispatch.lost_midstream += 1
                 if self._m:
                     self._m["lost"].labels(inst.url).inc()
-                inst.counters["errors"] += 1
                 raise
             finally:
                 t = time.time()
@@ -326,17 +368,23 @@ class RemoteBackend:
                 self._responses.pop(req.request_id, None)
                 self._aborted.discard(req.request_id)
 
-    def _body(self, req: GenRequest) -> dict:
+    def _body(self, req: GenRequest, prog: _Progress | None = None) -> dict:
+        """The instance's /v1/completions body; with `prog` holding tokens already sent, the
+        resumption: prompt ids + output ids, the remaining max_tokens and min_tokens."""
+        done = prog.n_out if prog is not None and prog.n_out else 0
         sampling = {**self._defaults, **req.sampling}
-        body = {"model": self.settings.served_model_name, "prompt": req.prompt, "max_tokens": req.max_tokens,
+        prompt = prog.prompt_ids + prog.out_ids if done else req.prompt
+        body = {"model": self.settings.served_model_name, "prompt": prompt, "max_tokens": req.max_tokens - done,
                 "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                 "priority": int(req.level), "return_token_ids": True,
                 "vllm_xargs": wire_xargs(request_id=req.request_id, level=req.level, ttft_slo=req.ttft_slo,
-                                         tpot_slo=req.tpot_slo, predicted_output_len=req.predicted_output_len,
+                                         tpot_slo=req.tpot_slo, predicted_output_len=max(1, req.predicted_output_len - done),
                                          waited_s=time.time() - req.arrival)}
         for k, v in sampling.items():
             if k == "logit_bias":
                 v = {str(t): b for t, b in v.items()}
+            elif k == "min_tokens":
+                v = max(0, int(v) - done)
             body[k] = v
         return body
 
@@ -346,14 +394,16 @@ class RemoteBackend:
                 "X-Request-Id": req.request_id, "x-llm-d-slo-ttft-ms": str(round(req.ttft_slo * 1000)),
                 "x-llm-d-slo-tpot-ms": str(round(req.tpot_slo * 1000))}
 
-    async def _stream(self, inst: RemoteInstance, req: GenRequest, r: Request) -> AsyncIterator[TokenEvent]:
-        """One attempt on one instance. Raises `_Retry` while no token was sent,
-        `InstanceLost` after, a `VLLMClientError` for the instance's 400s."""
+    async def _stream(self, inst: RemoteInstance, req: GenRequest, r: Request,
+                      prog: _Progress) -> AsyncIterator[TokenEvent]:
+        """One attempt on one instance, from where `prog` stands. Raises `_Retry` while this
+        attempt sent no token, `InstanceLost` after, a `VLLMClientError` for the instance's
+        400s. Token counts in the events are the request's own (all attempts)."""
         assert self._client is not None
-        n_out = 0
-        prompt_tokens = req.prompt_tokens
+        n_out = 0            # this attempt's tokens
+        base = prog.n_out    # sent by earlier attempts
         try:
-            async with self._client.stream("POST", inst.url + "/v1/completions", json=self._body(req),
+            async with self._client.stream("POST", inst.url + "/v1/completions", json=self._body(req, prog),
                                            headers=self._headers(req)) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread())[:500].decode(errors="replace")
@@ -380,9 +430,11 @@ class RemoteBackend:
                         raise _Retry(f"engine error: {msg}") if n_out == 0 else InstanceLost(
                             f"engine instance {inst.url} failed after {n_out} tokens: {msg}")
                     usage = obj.get("usage") or {}
-                    if usage.get("prompt_tokens"):
-                        prompt_tokens = int(usage["prompt_tokens"])
+                    if usage.get("prompt_tokens") and not base:
+                        prog.prompt_tokens = int(usage["prompt_tokens"])
                     for ch in obj.get("choices") or []:
+                        if prog.prompt_ids is None and ch.get("prompt_token_ids"):
+                            prog.prompt_ids = list(ch["prompt_token_ids"])
                         ids = list(ch.get("token_ids") or [])
                         text = ch.get("text") or ""
                         fin = ch.get("finish_reason")
@@ -394,23 +446,26 @@ class RemoteBackend:
                         inst.on_token(req.request_id, n_out, now)
                         if not (ids or text or fin):
                             continue
-                        yield TokenEvent(req.request_id, text, ids, now, fin is not None, fin, prompt_tokens, n_out)
+                        prog.out_ids.extend(ids)
+                        prog.n_out = base + n_out
+                        yield TokenEvent(req.request_id, text, ids, now, fin is not None, fin, prog.prompt_tokens,
+                                         prog.n_out)
                         if fin is not None:
                             return
             if req.request_id in self._aborted:
-                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prompt_tokens, n_out)
+                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prog.prompt_tokens, prog.n_out)
                 return
             raise (_Retry("the stream ended without a finish reason") if n_out == 0 else InstanceLost(
-                f"engine instance {inst.url} ended the stream after {n_out} tokens without finishing"))
+                f"engine instance {inst.url} ended the stream after {prog.n_out} tokens without finishing"))
         except (httpx.TransportError, httpx.StreamError) as e:
             if req.request_id in self._aborted:
-                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prompt_tokens, n_out)
+                yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prog.prompt_tokens, prog.n_out)
                 return
             why = f"{type(e).__name__} from {inst.url}"
             if n_out == 0:
                 raise _Retry(why) from None
             inst.mark_down(why)
-            raise InstanceLost(f"engine instance {inst.url} failed after {n_out} tokens ({type(e).__name__})") from None
+            raise InstanceLost(f"engine instance {inst.url} failed after {prog.n_out} tokens ({type(e).__name__})") from None
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

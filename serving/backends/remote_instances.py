@@ -364,10 +364,12 @@ class Dispatch:
 
     routed: int = 0
     rerouted: int = 0        # sent again elsewhere before any token (instance down or full)
+    resumed: int = 0         # broke after tokens, went on on another instance
     lost_midstream: int = 0  # ended with an error event after tokens had been sent
     refused_503: int = 0
     by_instance: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"routed": self.routed, "rerouted": self.rerouted, "lost_midstream": self.lost_midstream,
+        return {"routed": self.routed, "rerouted": self.rerouted, "resumed": self.resumed,
+                "lost_midstream": self.lost_midstream,
                 "refused_503": self.refused_503, "by_instance": dict(self.by_instance)}

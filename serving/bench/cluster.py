@@ -311,8 +311,11 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     if killed:
         out["killed"] = killed
         k = killed["at_s"]
-        after = [r for r in res if r.sent and r.sent - min(sent) > k + 2.0]
-        out["after_kill"] = {"n": len(after), "completed": sum(r.ok for r in after)}
+        t0 = min(sent)
+        # the calls the kill could touch: still open when it came (streaming, waiting, or not yet sent)
+        open_ = [r for r in res if r.end is None or r.end - t0 > k]
+        out["after_kill"] = {"open_at_kill": len(open_), "completed": sum(r.ok for r in open_),
+                             "sent_after": sum(1 for r in res if r.sent and r.sent - t0 > k)}
     return out, res
 
 
@@ -370,7 +373,9 @@ def line(name: str, s: dict) -> str:
 
 
 def plot(out: dict, path: Path) -> None:
-    """Per router: SLO attainment by gold level, and the TDG ratio in the legend."""
+    """Per router and gold level: SLO attainment (left; TDG ratio and lost calls in the
+    legend) and first-token p50 / p99 (right, log scale: where routers tie on attainment,
+    the latencies still tell them apart)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -379,17 +384,28 @@ def plot(out: dict, path: Path) -> None:
 
     routers = list(out["routers"])
     levels = sorted({lv for r in routers for lv in out["routers"][r]["per_level"]}, key=int)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(levels), 3.4))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(3.2 + 2.4 * len(levels), 3.6))
     w = 0.8 / max(1, len(routers))
+    x = np.arange(len(levels))
     for k, r in enumerate(routers):
         s = out["routers"][r]
-        ys = [s["per_level"].get(lv, {}).get("slo_attainment") or 0.0 for lv in levels]
-        ax.bar(np.arange(len(levels)) + k * w, ys, w, label=f"{r} (TDG {s['tdg_ratio']}, lost {s['lost']})")
-    ax.set_xticks(np.arange(len(levels)) + w * (len(routers) - 1) / 2, [f"ESI-{lv}" for lv in levels])
+        lv = [s["per_level"].get(v, {}) for v in levels]
+        ax.bar(x + k * w, [d.get("slo_attainment") or 0.0 for d in lv], w,
+               label=f"{r} (TDG {s['tdg_ratio']}, lost {s['lost']})")
+        p50 = np.array([(d.get("ttft_p50_ms") or np.nan) / 1000 for d in lv])
+        p99 = np.array([(d.get("ttft_p99_ms") or np.nan) / 1000 for d in lv])
+        bx.bar(x + k * w, p50, w, label=f"{r} p50")
+        bx.scatter(x + k * w, p99, marker="_", s=120, color="black", zorder=3, label="p99" if k == 0 else None)
+    ticks = (x + w * (len(routers) - 1) / 2, [f"ESI-{v}" for v in levels])
+    ax.set_xticks(*ticks)
+    bx.set_xticks(*ticks)
     ax.set_ylabel("SLO attainment (gold level)")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    ax.set_title(f"bench cluster: {out['instances']} instances, {out['requests']} calls"
+    ax.legend(fontsize=7, loc="lower left")
+    bx.set_yscale("log")
+    bx.set_ylabel("first token, s (p50 bars, p99 ticks)")
+    bx.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"bench cluster: {out['instances']} instances, {out['requests']} calls, {out.get('scenario', 'trace')}"
                  + (f", instance killed at {out['kill_instance_at']} s" if out.get("kill_instance_at") else ""),
                  fontsize=9)
     fig.tight_layout()

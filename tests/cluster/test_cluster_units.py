@@ -178,3 +178,30 @@ def test_live_and_simulated_routing_share_one_class():
         picks.append(j)
     assert set(picks) == {0, 1}, f"GoRouting should spread prefill work, picked {picks}"
     assert np.isfinite(rt.exec_time(insts[0], now))
+
+
+def test_a_resumed_request_asks_the_next_instance_for_the_rest_only():
+    """A stream broken after tokens goes on elsewhere from the ids already sent: the prompt's
+    ids plus the output ids as the prompt, and only what is left of max_tokens and
+    min_tokens (the client must not get more tokens than it asked for, nor a restart)."""
+    from serving.backends.base import GenRequest
+    from serving.backends.remote import RemoteBackend, _Progress
+    from serving.settings import Settings
+    from triage.classes import load_classes
+
+    b = RemoteBackend(Settings(backend="remote", instances="http://127.0.0.1:1", db_url="sqlite:////tmp/unused.db"),
+                      load_classes())
+    req = GenRequest("req-1", "Chest pain, sweating.", 40, 1, 0.8, 0.12, 30, time.time() - 2.0, 6,
+                     sampling={"temperature": 0.0, "min_tokens": 10, "logit_bias": {7: 1.5}})
+    fresh = b._body(req, _Progress(prompt_tokens=6))
+    assert fresh["prompt"] == "Chest pain, sweating." and fresh["max_tokens"] == 40 and fresh["min_tokens"] == 10
+    prog = _Progress(prompt_ids=[1, 2, 3, 4, 5, 6], out_ids=[9, 8, 7], n_out=3, prompt_tokens=6)
+    assert prog.resumable
+    body = b._body(req, prog)
+    assert body["prompt"] == [1, 2, 3, 4, 5, 6, 9, 8, 7]
+    assert body["max_tokens"] == 37 and body["min_tokens"] == 7 and body["logit_bias"] == {"7": 1.5}
+    assert body["priority"] == 1 and body["vllm_xargs"]["triage_predicted_output_len"] == 27
+    assert body["vllm_xargs"]["triage_waited_s"] >= 2.0   # its deadline still counts from the first arrival
+    # ids missing for some of the sent tokens: no resumption (it would repeat or skip text)
+    assert not _Progress(prompt_ids=[1], out_ids=[9], n_out=2).resumable
+    assert not _Progress(prompt_ids=[1], out_ids=[], n_out=0).resumable

@@ -242,6 +242,28 @@ def fresh_cache(srv: Server, tries: int = 20) -> None:
     raise BenchError(f"{srv.name} did not empty its prefix cache (POST /reset_prefix_cache)")
 
 
+def _cpu(servers: list[Server]) -> dict[str, dict[str, float]]:
+    from serving.bench.serve import cpu_seconds
+
+    return {s.name: cpu_seconds(s.proc.pid) for s in servers}
+
+
+def _cpu_since(servers: list[Server], before: dict) -> dict[str, float]:
+    """CPU seconds spent during the run: the front end's process, and the instances' HTTP
+    processes and engine processes summed (a killed instance's is not counted)."""
+    now = _cpu(servers)
+    out = {"front": 0.0, "instances_api": 0.0, "instances_engine": 0.0}
+    for s in servers:
+        a, b = before.get(s.name, {}), now.get(s.name) or {}
+        d = {k: b[k] - a.get(k, 0.0) for k in b}
+        if s.name.startswith("front"):
+            out["front"] += d.get("api", 0.0) + d.get("engine", 0.0)
+        else:
+            out["instances_api"] += d.get("api", 0.0)
+            out["instances_engine"] += d.get("engine", 0.0)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
     return [calls[i::n] for i in range(n)]
 
@@ -257,6 +279,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         killed.update({"instance": instances[0].url, "at_s": round(time.time() - t_start, 2)})
         kill_group(instances[0])
 
+    cpu0 = _cpu(instances)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
         if plan.kill_at is not None:
@@ -270,15 +293,18 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
             return [r for o in outs for r in o]
 
         res = sorted(asyncio.run(both()), key=lambda r: r.call.idx)
+        cpu = _cpu_since(instances, cpu0)
         audit = None
     else:
         front = start_front(router, [s.url for s in instances], plan, model, router)
+        cpu0.update(_cpu([front]))
         try:
             if plan.kill_at is not None:
                 timer = threading.Timer(plan.kill_at, _kill)
                 timer.start()
             t_start = time.time()
             res = asyncio.run(run_calls(front.url, front.key, MODEL_NAME, calls, on_done=on_done))
+            cpu = _cpu_since([*instances, front], cpu0)
             time.sleep(1.0)   # the audit writer's last batch
             import httpx
 
@@ -305,6 +331,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["lost"] = len(unclear) + missing
     out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
     out["completed"] = len(ok)
+    out["cpu_s"] = cpu
     if audit is not None:
         out["audit"] = audit
         out["audit_rows_missing"] = missing

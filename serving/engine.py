@@ -34,7 +34,8 @@ SCHEDULER_CLS = "serving.vllm_scheduler.TriageScheduler"
 # SLOs and prediction, so no caller can speak for the scheduler.
 SAMPLING_KEYS = frozenset({"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
                            "stop_token_ids", "ignore_eos", "min_tokens", "include_stop_str_in_output",
-                           "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "seed"})
+                           "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "seed",
+                           "stream_interval"})
 
 
 def cpu_only() -> bool:

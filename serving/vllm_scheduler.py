@@ -124,6 +124,9 @@ class TriageSettings:
         env = os.environ.get("TRIAGE_SCHEDULER_POLICY")
         if env and "policy" not in raw:
             raw["policy"] = env
+        log_env = os.environ.get("TRIAGE_STEP_LOG")   # e.g. /tmp/steps-{pid}.jsonl: one file per engine
+        if log_env and "step_log" not in raw:
+            raw["step_log"] = log_env.replace("{pid}", str(os.getpid()))
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         unknown = set(raw) - set(known)
         if unknown:

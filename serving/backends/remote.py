@@ -380,6 +380,8 @@ class RemoteBackend:
                 "vllm_xargs": wire_xargs(request_id=req.request_id, level=req.level, ttft_slo=req.ttft_slo,
                                          tpot_slo=req.tpot_slo, predicted_output_len=max(1, req.predicted_output_len - done),
                                          waited_s=time.time() - req.arrival)}
+        if self.settings.stream_interval > 1 and req.level > self.classes.most_urgent:
+            body["stream_interval"] = int(self.settings.stream_interval)
         for k, v in sampling.items():
             if k == "logit_bias":
                 v = {str(t): b for t, b in v.items()}

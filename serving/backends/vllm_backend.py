@@ -141,6 +141,9 @@ class VLLMBackend:
         # the request's sampling keywords over the model's defaults (the API has already
         # merged them; a GenRequest built elsewhere still gets the model's decoding)
         sampling = {**self.sampling_defaults, **req.sampling}
+        k = self.settings.stream_interval
+        if k > 1 and req.level > self.classes.most_urgent:   # the most urgent stream every token
+            sampling["stream_interval"] = k
         async for ev in self.engine.generate(
                 req.request_id, req.prompt, max_tokens=req.max_tokens, level=req.level, ttft_slo=req.ttft_slo,
                 tpot_slo=req.tpot_slo, predicted_output_len=req.predicted_output_len, arrival=req.arrival,

@@ -272,3 +272,32 @@ def test_generation_defaults_and_vllm_extensions_reach_the_engine(srv):
     assert r.json()["choices"][0]["text"] == tok.decode([paris] * 4), r.json()
     r = c.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 4, "stop_token_ids": [backend.vocab_size]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text
+
+
+def test_stream_interval_batches_tokens_below_the_most_urgent_level(srv):
+    """With `stream_interval` 4 a level-3 answer arrives in chunks of up to 4 tokens (the
+    first token alone, at once), while a level-1 answer still streams every token as it is
+    made; both are whole."""
+    settings = srv.app_obj.state.settings
+    c = httpx.Client(base_url=srv.url, headers=_h(srv, "operator"), timeout=120)
+
+    def chunks(level: int) -> tuple[int, int]:
+        n, usage = 0, None
+        with c.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": "Count slowly:", "max_tokens": 16, "ignore_eos": True, "temperature": 0,
+                "priority": level, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    obj = json.loads(line[6:])
+                    n += bool(obj["choices"] and obj["choices"][0].get("text"))
+                    usage = obj.get("usage") or usage
+        return n, usage["completion_tokens"]
+
+    settings.stream_interval = 4
+    try:
+        urgent, batched = chunks(1), chunks(3)
+    finally:
+        settings.stream_interval = 1
+    assert urgent == (16, 16), urgent
+    assert batched[1] == 16 and 2 <= batched[0] <= 6, batched   # 1 + 4 + 4 + 4 + 3, give or take the last

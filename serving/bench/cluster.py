@@ -242,6 +242,23 @@ def fresh_cache(srv: Server, tries: int = 20) -> None:
     raise BenchError(f"{srv.name} did not empty its prefix cache (POST /reset_prefix_cache)")
 
 
+def fault_counts(metrics_text: str) -> dict[str, int]:
+    """From the front end's /metrics: calls sent again elsewhere, by reason (`queue_full`,
+    `instance_fault` before any token; `resumed_midstream` after tokens) and streams that
+    ended with `InstanceLost` (`lost_midstream`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "lost_midstream": 0}
+    for fam in text_string_to_metric_families(metrics_text):
+        for smp in fam.samples:
+            if smp.name == "triage_rerouted_total":
+                key = smp.labels.get("reason", "")
+                out[key] = out.get(key, 0) + int(smp.value)
+            elif smp.name == "triage_instance_lost_total":
+                out["lost_midstream"] += int(smp.value)
+    return out
+
+
 def _cpu(servers: list[Server]) -> dict[str, dict[str, float]]:
     from serving.bench.serve import cpu_seconds
 
@@ -280,6 +297,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         kill_group(instances[0])
 
     cpu0 = _cpu(instances)
+    faults = None   # the front end's re-routes and resumptions (not for the stock baseline)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
         if plan.kill_at is not None:
@@ -310,6 +328,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
 
             try:
                 front.extra["readyz_after"] = httpx.get(front.url + "/readyz", timeout=5).json()
+                faults = fault_counts(httpx.get(front.url + "/metrics", timeout=5).text)
             except (httpx.HTTPError, ValueError):
                 pass
         finally:
@@ -332,6 +351,8 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
     out["completed"] = len(ok)
     out["cpu_s"] = cpu
+    if router != BASELINE:
+        out["faults"] = faults
     if audit is not None:
         out["audit"] = audit
         out["audit_rows_missing"] = missing

@@ -86,3 +86,22 @@ def test_bench_rows_goodput_and_plot(tmp_path):
     assert {"policy", "goodput_scale", "tpot_metric", "levels"} <= set(g) and 0.5 <= g["goodput_scale"] <= 64.0
     png = plot_policies(out["rows"], tmp_path / "p.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_cluster_reads_reroutes_and_resumptions_off_the_front_ends_metrics():
+    """What `bench cluster` reports of an instance fault: the front end's own counters, as
+    the service exports them (a resumed stream is not a lost one)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from serving.bench.cluster import fault_counts
+
+    r = CollectorRegistry()
+    rer = Counter("triage_rerouted_total", "x", ["reason"], registry=r)
+    lost = Counter("triage_instance_lost_total", "x", ["instance"], registry=r)
+    rer.labels("resumed_midstream").inc(41)
+    rer.labels("instance_fault").inc(3)
+    lost.labels("http://a").inc(1)
+    lost.labels("http://b").inc(2)
+    got = fault_counts(generate_latest(r).decode())
+    assert got == {"queue_full": 0, "instance_fault": 3, "resumed_midstream": 41, "lost_midstream": 3}
+    assert fault_counts("") == {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "lost_midstream": 0}

@@ -47,6 +47,12 @@ class GenRequest:
     sampling: dict = field(default_factory=dict)
 
 
+def stream_interval(setting: int, level: int, classes: PriorityClasses) -> int | None:
+    """vLLM's per-request `stream_interval` for a call at `level` (setting `stream_interval`):
+    None (every token) at the most urgent level or when the setting is 1."""
+    return setting if setting > 1 and level > classes.most_urgent else None
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

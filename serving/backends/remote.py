@@ -49,7 +49,7 @@ from typing import AsyncIterator
 
 import httpx
 
-from serving.backends.base import GenRequest, TokenEvent
+from serving.backends.base import GenRequest, TokenEvent, stream_interval
 from serving.backends.remote_instances import REFUSED, UP, Dispatch, RemoteInstance, Timing
 from serving.instance.fields import wire_xargs
 from triage.classes import PriorityClasses
@@ -368,10 +368,10 @@ class RemoteBackend:
                 self._responses.pop(req.request_id, None)
                 self._aborted.discard(req.request_id)
 
-    def _body(self, req: GenRequest, prog: _Progress | None = None) -> dict:
+    def _body(self, req: GenRequest, prog: _Progress) -> dict:
         """The instance's /v1/completions body; with `prog` holding tokens already sent, the
         resumption: prompt ids + output ids, the remaining max_tokens and min_tokens."""
-        done = prog.n_out if prog is not None and prog.n_out else 0
+        done = prog.n_out
         sampling = {**self._defaults, **req.sampling}
         prompt = prog.prompt_ids + prog.out_ids if done else req.prompt
         body = {"model": self.settings.served_model_name, "prompt": prompt, "max_tokens": req.max_tokens - done,
@@ -380,8 +380,9 @@ class RemoteBackend:
                 "vllm_xargs": wire_xargs(request_id=req.request_id, level=req.level, ttft_slo=req.ttft_slo,
                                          tpot_slo=req.tpot_slo, predicted_output_len=max(1, req.predicted_output_len - done),
                                          waited_s=time.time() - req.arrival)}
-        if self.settings.stream_interval > 1 and req.level > self.classes.most_urgent:
-            body["stream_interval"] = int(self.settings.stream_interval)
+        k = stream_interval(self.settings.stream_interval, req.level, self.classes)
+        if k is not None:
+            body["stream_interval"] = k
         for k, v in sampling.items():
             if k == "logit_bias":
                 v = {str(t): b for t, b in v.items()}

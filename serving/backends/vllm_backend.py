@@ -9,7 +9,7 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
-from serving.backends.base import GenRequest, TokenEvent
+from serving.backends.base import GenRequest, TokenEvent, stream_interval
 from triage.classes import PriorityClasses
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,8 @@ class VLLMBackend:
         # the request's sampling keywords over the model's defaults (the API has already
         # merged them; a GenRequest built elsewhere still gets the model's decoding)
         sampling = {**self.sampling_defaults, **req.sampling}
-        k = self.settings.stream_interval
-        if k > 1 and req.level > self.classes.most_urgent:   # the most urgent stream every token
+        k = stream_interval(self.settings.stream_interval, req.level, self.classes)
+        if k is not None:
             sampling["stream_interval"] = k
         async for ev in self.engine.generate(
                 req.request_id, req.prompt, max_tokens=req.max_tokens, level=req.level, ttft_slo=req.ttft_slo,

@@ -92,7 +92,7 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-RUNTIMES = ("auto", "onnx", "torch", "torch-bf16")
+RUNTIMES = ("auto", "onnx-int8", "onnx", "torch", "torch-bf16")
 
 
 def native_bf16() -> bool:
@@ -146,9 +146,11 @@ class Classifier:
 
     def set_runtime(self, runtime: str, also: tuple["Classifier", ...] = ()) -> None:
         """Where the forward pass runs, chosen once after loading (the model loads as PyTorch
-        fp32): "onnx" (ONNX Runtime, fp32; see predictors.onnx_graph), "torch" (fp32),
-        "torch-bf16" (weights and activations in bf16), or "auto": ONNX Runtime, else
-        `torch_runtime()` when onnxruntime is missing or the export fails its check (logged).
+        fp32): "onnx-int8" (ONNX Runtime, int8 weights, one text per pass; used only where
+        it keeps the fp32 urgency class of 99 % of the validation texts, see
+        predictors.onnx_graph), "onnx" (ONNX Runtime, fp32), "torch" (fp32), "torch-bf16"
+        (weights and activations in bf16), or "auto": the first of onnx-int8, onnx and
+        `torch_runtime()` that is available and passes its check (a fallback is logged).
         `also`: classifiers whose heads run on this one's encoder pass (`shares_encoder`);
         `all_logits` then returns their logits after this one's."""
         from predictors.onnx_graph import OnnxGraph, OnnxUnavailable
@@ -157,13 +159,21 @@ class Classifier:
         if self.runtime != "torch" or self._onnx is not None:
             raise ValueError(f"runtime already set to {self.runtime}")
         self.heads = (self, *also)
-        if runtime in ("auto", "onnx"):
+        if runtime in ("auto", "onnx", "onnx-int8"):
             try:
-                self._onnx = OnnxGraph.export_for(self, self.heads, self.threads)
-                self.runtime = "onnx"
+                graph = OnnxGraph.export_for(self, self.heads, self.threads)
+                if runtime != "onnx":
+                    try:
+                        graph, runtime = OnnxGraph.quantized_for(self, self.heads, graph, self.threads), "onnx-int8"
+                    except OnnxUnavailable as e:
+                        if runtime == "onnx-int8":
+                            raise
+                        log.warning("int8 ONNX graph not used for the %s predictor (fp32 instead): %s",
+                                    self.meta.kind, e)
+                self._onnx, self.runtime = graph, runtime if runtime == "onnx-int8" else "onnx"
                 return
             except OnnxUnavailable as e:
-                if runtime == "onnx":
+                if runtime != "auto":
                     raise
                 log.warning("ONNX Runtime not used for the %s predictor: %s", self.meta.kind, e)
                 runtime = torch_runtime()

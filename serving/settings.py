@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     # engine, whose OpenMP threads wait for each other at every layer, stalls that much less
     # (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s in a burst)
     predictor_threads: int = Field(2, gt=0)
-    predictor_runtime: Literal["auto", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX Runtime (see predictors.model)
+    predictor_runtime: Literal["auto", "onnx-int8", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX int8, else fp32 (predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors
 
     # abuse limits per API key, by role (serving/limits.py); env: JSON, e.g.

@@ -176,6 +176,7 @@ class VLLMBackend:
             if steps < self._last_steps:   # a new engine (restart, standby) counts from 0
                 self._last_steps = 0
             if steps > self._last_steps:
+                self.metrics.engine_steps.inc(steps - self._last_steps)
                 self._last_steps = steps
                 if st.get("last_step_s") is not None:
                     self.metrics.step_time.observe(float(st["last_step_s"]))

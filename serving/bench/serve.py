@@ -73,11 +73,13 @@ class Turn:
     walls: list[float] = field(default_factory=list)
     floors: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)   # engine steps per repetition (where /metrics says)
 
     def add(self, other: "Turn") -> "Turn":
         self.results += other.results
         self.walls += other.walls
         self.floors += other.floors
+        self.steps += other.steps
         for k, v in other.cpu_s.items():
             self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
         return self
@@ -92,8 +94,12 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
         turn.floors.append(asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT)))
         cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
+            steps0 = engine_steps(srv.url)
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
+            steps1 = engine_steps(srv.url, settle_s=0.6)
+            if steps0 is not None and steps1 is not None:
+                turn.steps.append(steps1 - steps0)
             sent = [r.sent for r in res if r.sent]
             ends = [r.end for r in res if r.end is not None]
             turn.walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
@@ -111,6 +117,8 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
+    if turn.steps:   # how many engine steps a repetition took: fewer, fuller steps serve more tokens/s
+        out["engine_steps"] = turn.steps
     # each repetition on its own, in the order run (with --turns, one per start): how far
     # the VM's speed drifted during the run, beside the pooled figures above
     n = len(turn.walls)
@@ -157,6 +165,28 @@ def esi1_time_split(results: list[Result], db_url: str) -> dict:
     pct = lambda xs, q: None if not xs else round(_pct(xs, q), 1)  # noqa: E731
     return {"n": len(front), "front_ms_p50": pct(front, 50), "front_ms_p99": pct(front, 99),
             "engine_ms_p50": pct(engine, 50), "engine_ms_p99": pct(engine, 99)}
+
+
+def engine_steps(url: str, settle_s: float = 0.0) -> int | None:
+    """Engine steps so far, from the server's /metrics: vLLM's `vllm:iteration_tokens_total`
+    histogram count (one sample per step: stock vLLM and `triage instance`) or our service's
+    `triage_engine_steps_total` (polled from its engine every 0.5 s: `settle_s` waits that
+    out). None when the server publishes neither."""
+    import time
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    time.sleep(settle_s)
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name in ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"):
+                return int(smp.value)
+    return None
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:

@@ -82,7 +82,8 @@ def _runtime(value: str) -> str:
 
 
 Runtime = Annotated[str, typer.Option(callback=_runtime, help="where the encoder runs: auto (the service's default: "
-                                      "ONNX Runtime, else PyTorch) | onnx | torch | torch-bf16")]
+                                      "ONNX Runtime int8 where it passes its check, else fp32, else PyTorch) | "
+                                      "onnx-int8 | onnx | torch | torch-bf16")]
 Epochs = Annotated[Optional[int], typer.Option(help="training epochs (default 8; the length head 20)")]
 Lr = Annotated[Optional[float], typer.Option(help="learning rate (default 1e-4; the length head 1e-3)")]
 Seed = Annotated[Optional[int], typer.Option(help="random seed (default 0)")]

@@ -37,7 +37,7 @@ def test_long_text_is_truncated_not_rejected(predictor):
     assert enc["input_ids"].shape[1] == predictor.urgency.meta.max_length
 
 
-@pytest.mark.parametrize("runtime,atol", [("onnx", 1e-4), ("torch", 1e-4), ("torch-bf16", 3e-2)])
+@pytest.mark.parametrize("runtime,atol", [("onnx-int8", 1e-6), ("onnx", 1e-4), ("torch", 1e-4), ("torch-bf16", 3e-2)])
 def test_batch_equals_single_and_is_deterministic(trained_home, runtime, atol):
     """A request's prediction does not depend on what it was batched with (up to float
     rounding: bf16 sums in a different order for a different batch shape)."""
@@ -160,7 +160,7 @@ def test_onnx_runtime_gives_pytorchs_predictions(trained_home, tmp_path):
         shutil.copytree(trained_home / "predictors" / kind, tmp_path / kind, ignore=shutil.ignore_patterns("onnx-*"))
     dirs = (tmp_path / "urgency", tmp_path / "length")
     texts = [r["text"] for r in load_corpus("test")] + list(EDGE_TEXTS.values())
-    onnx = Predictor(*dirs, runtime="auto")
+    onnx = Predictor(*dirs, runtime="onnx")
     assert onnx.urgency.runtime == "onnx" and onnx.shared_encoder
     # one graph: the encoder, both heads and the pooled vector site adapters read (predictors.embedding)
     assert [p.name for p in (tmp_path / "urgency").glob("*.onnx")] == ["onnx-urgency+length+pooledmean.onnx"]
@@ -185,6 +185,46 @@ def test_onnx_runtime_gives_pytorchs_predictions(trained_home, tmp_path):
     assert export.stat().st_mtime_ns != made
     for a, b in zip(retrained.predict(texts[:20]), Predictor(*dirs, runtime="torch").predict(texts[:20])):
         assert np.allclose(a.probs, b.probs, atol=1e-4)
+
+
+def test_int8_graph_is_the_default_where_it_is_no_worse(trained_home, tmp_path, monkeypatch, caplog):
+    """"auto" runs the urgency graph with int8 weights when, on the validation split, it is no
+    worse than fp32 (accuracy within 0.01, no more under-triage); on the test split it then
+    gives the same level for nearly every text, with no more under-triage (its speed:
+    `triage bench predictor`, docs/predictors.md). A graph that fails the check is not used: "auto"
+    falls back to fp32 with a warning, "onnx-int8" is a clear error."""
+    import json
+    import shutil
+
+    import predictors.onnx_graph as ox
+    from predictors.corpus import load_corpus
+    from predictors.onnx_graph import OnnxUnavailable
+    from predictors.service import Predictor
+
+    for kind in ("urgency", "length"):
+        shutil.copytree(trained_home / "predictors" / kind, tmp_path / kind, ignore=shutil.ignore_patterns("onnx-*"))
+    dirs = (tmp_path / "urgency", tmp_path / "length")
+    fast = Predictor(*dirs, runtime="auto", threads=1)
+    assert fast.urgency.runtime == "onnx-int8"
+    stamp = json.loads((tmp_path / "urgency" / "onnx-urgency+length+pooledmean-int8.json").read_text())
+    check = stamp["agreement_with_fp32"]
+    assert check["int8"]["under_triage"] <= check["fp32"]["under_triage"]
+    assert check["int8"]["accuracy"] >= check["fp32"]["accuracy"] - 0.01 and check["urgency"]["class_agreement"] >= 0.97
+    rows = load_corpus("test")
+    texts, gold = [r["text"] for r in rows], np.array([r["level"] for r in rows])
+    fp32 = Predictor(*dirs, runtime="onnx", threads=1)
+    a, b = (np.array([p.level for p in pred.predict(texts)]) for pred in (fast, fp32))
+    assert (a == b).mean() >= 0.97
+    assert ((gold <= 2) & (a >= 3)).sum() <= ((gold <= 2) & (b >= 3)).sum()
+
+    monkeypatch.setattr(ox, "INT8_ACCURACY_SLACK", -1.0)   # now nothing passes
+    for p in (tmp_path / "urgency").glob("*-int8.*"):
+        p.unlink()
+    with caplog.at_level("WARNING"):
+        assert Predictor(*dirs, runtime="auto").urgency.runtime == "onnx"
+    assert "int8 ONNX graph not used" in caplog.text and not list((tmp_path / "urgency").glob("*-int8.*"))
+    with pytest.raises(OnnxUnavailable, match="worse than fp32"):
+        Classifier(dirs[0], runtime="onnx-int8")
 
 
 def test_a_bad_onnx_export_is_refused_and_auto_falls_back(trained_home, tmp_path, monkeypatch, caplog):

@@ -168,21 +168,26 @@ def esi1_time_split(results: list[Result], db_url: str) -> dict:
 
 
 def engine_steps(url: str, settle_s: float = 0.0) -> int | None:
-    """Engine steps so far, from the server's /metrics: vLLM's `vllm:iteration_tokens_total`
-    histogram count (one sample per step: stock vLLM and `triage instance`) or our service's
-    `triage_engine_steps_total` (polled from its engine every 0.5 s: `settle_s` waits that
-    out). None when the server publishes neither."""
+    """Engine steps so far, read from the server's /metrics (`steps_in`); our service polls
+    its engine every 0.5 s: `settle_s` waits that out. None when unreadable."""
     import time
 
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
     time.sleep(settle_s)
     try:
-        text = httpx.get(url + "/metrics", timeout=5).text
+        return steps_in(httpx.get(url + "/metrics", timeout=5).text)
     except httpx.HTTPError:
         return None
-    for fam in text_string_to_metric_families(text):
+
+
+def steps_in(metrics_text: str) -> int | None:
+    """The engine step count in a Prometheus text: vLLM's `vllm:iteration_tokens_total`
+    histogram count (one sample per step: stock vLLM and `triage instance`) or our service's
+    `triage_engine_steps_total`; None when it holds neither."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(metrics_text):
         for smp in fam.samples:
             if smp.name in ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"):
                 return int(smp.value)

@@ -86,6 +86,26 @@ def test_summary_is_per_gold_level_and_counts_errors():
     assert 0 < s["tdg_ratio"] < 1
 
 
+def test_engine_steps_are_read_from_either_servers_metrics():
+    """A burst's engine step count comes from stock vLLM's per-step histogram or from our
+    service's counter; a /metrics without either gives None (no made-up figure)."""
+    from serving.bench.serve import steps_in
+
+    vllm = ('# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.\n'
+            '# TYPE vllm:iteration_tokens_total histogram\n'
+            'vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 3.0\n'
+            'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 141.0\n'
+            'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 141.0\n'
+            'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9101.0\n')
+    assert steps_in(vllm) == 141
+    from serving.metrics import Metrics
+
+    m = Metrics()
+    m.engine_steps.inc(164)
+    assert steps_in(m.render().decode()) == 164
+    assert steps_in("# TYPE other_total counter\nother_total 5.0\n") is None
+
+
 def test_bad_arguments_end_with_a_clear_message():
     r = subprocess.run(CLI + ["--texts", "no-such-pool", "--scenario", "burst"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown --texts" in r.stderr
@@ -122,6 +142,9 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
     for name, s in out["systems"].items():
         assert s["completed"] == 20 and s["errors"] == 0, (name, s["error_examples"])
         assert s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
+        # the engine steps the burst took, read from each server's /metrics (stock vLLM's
+        # iteration histogram, our service's step counter): more than one for 16-token answers
+        assert len(s["engine_steps"]) == 1 and s["engine_steps"][0] > 1, (name, s.get("engine_steps"))
     # where our caught ESI-1 calls spend their first-token time, from the service's own audit rows
     split, caught = out["systems"]["triage"]["esi1_caught_split"], out["systems"]["triage"]["esi1_caught"]
     assert split["n"] == caught["n"]

@@ -95,21 +95,10 @@ class OnnxGraph:
         """`fp32` with int8 weights (see the module docstring), quantised and checked once
         per weights; OnnxUnavailable when it fails its check or cannot be made."""
         path = fp32.path.with_name(fp32.path.stem + "-int8.onnx")
-        stamp = path.with_suffix(".json")
-        try:
-            fingerprint = json.loads(fp32.path.with_suffix(".json").read_text(encoding="utf-8"))["weights_sha256"]
-        except (OSError, ValueError, KeyError) as e:
-            raise OnnxUnavailable(f"the fp32 graph's stamp is unreadable ({e})") from None
-        try:
-            fresh = path.exists() and json.loads(stamp.read_text(encoding="utf-8"))["weights_sha256"] == fingerprint
-        except (OSError, ValueError, KeyError):
-            fresh = False
-        if not fresh:
-            agreement = _quantize(base, heads, fp32, path, threads)
-            tmp = stamp.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"weights_sha256": fingerprint, "agreement_with_fp32": agreement}),
-                           encoding="utf-8")
-            os.replace(tmp, stamp)
+        fingerprint = _stamp(fp32.path).get("weights_sha256")
+        if fingerprint is None:
+            raise OnnxUnavailable(f"the fp32 graph's stamp ({fp32.path.with_suffix('.json')}) is unreadable")
+        _made_once(path, fingerprint, lambda: {"agreement_with_fp32": _quantize(base, heads, fp32, path, threads)})
         return cls(path, threads, fp32.input_names, one_text_per_pass=True)
 
     @classmethod
@@ -124,18 +113,30 @@ class OnnxGraph:
             raise OnnxUnavailable("export needs the PyTorch fp32 model")
         names = tuple(k for k in _INPUTS if k in base.encode(["x"]))
         path = base.dir / f"onnx-{'+'.join(h.meta.kind for h in heads)}.onnx"
-        stamp = path.with_suffix(".json")
         fingerprint = hashlib.sha256("".join(weights_fingerprint(c.dir) for c in (base, *heads)).encode()).hexdigest()
-        try:
-            fresh = path.exists() and json.loads(stamp.read_text(encoding="utf-8"))["weights_sha256"] == fingerprint
-        except (OSError, ValueError, KeyError):
-            fresh = False
-        if not fresh:
-            diff = _export(base, heads, path, names, threads)
-            tmp = stamp.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"weights_sha256": fingerprint, "max_abs_logit_diff": diff}), encoding="utf-8")
-            os.replace(tmp, stamp)
+        _made_once(path, fingerprint, lambda: {"max_abs_logit_diff": _export(base, heads, path, names, threads)})
         return cls(path, threads, names)
+
+
+def _stamp(path: Path) -> dict:
+    """The JSON beside a graph file (its weights' fingerprint and check figures), {} if unreadable."""
+    try:
+        out = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _made_once(path: Path, fingerprint: str, make) -> None:
+    """Run `make` (which writes `path` and returns its check figures) unless `path` exists and
+    its stamp names these weights; then stamp it (atomically)."""
+    if path.exists() and _stamp(path).get("weights_sha256") == fingerprint:
+        return
+    figures = make()
+    stamp = path.with_suffix(".json")
+    tmp = stamp.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"weights_sha256": fingerprint, **figures}), encoding="utf-8")
+    os.replace(tmp, stamp)
 
 
 def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int | None) -> float:

@@ -146,9 +146,9 @@ class Classifier:
 
     def set_runtime(self, runtime: str, also: tuple["Classifier", ...] = ()) -> None:
         """Where the forward pass runs, chosen once after loading (the model loads as PyTorch
-        fp32): "onnx-int8" (ONNX Runtime, int8 weights, one text per pass; used only where
-        it keeps the fp32 urgency class of 99 % of the validation texts, see
-        predictors.onnx_graph), "onnx" (ONNX Runtime, fp32), "torch" (fp32), "torch-bf16"
+        fp32): "onnx-int8" (ONNX Runtime, int8 weights, one text per pass; the urgency
+        model's graph only, and only where it is no worse than fp32 on the validation split,
+        see predictors.onnx_graph), "onnx" (ONNX Runtime, fp32), "torch" (fp32), "torch-bf16"
         (weights and activations in bf16), or "auto": the first of onnx-int8, onnx and
         `torch_runtime()` that is available and passes its check (a fallback is logged).
         `also`: classifiers whose heads run on this one's encoder pass (`shares_encoder`);
@@ -161,16 +161,16 @@ class Classifier:
         self.heads = (self, *also)
         if runtime in ("auto", "onnx", "onnx-int8"):
             try:
-                graph = OnnxGraph.export_for(self, self.heads, self.threads)
+                graph, kind = OnnxGraph.export_for(self, self.heads, self.threads), "onnx"
                 if runtime != "onnx":
                     try:
-                        graph, runtime = OnnxGraph.quantized_for(self, self.heads, graph, self.threads), "onnx-int8"
+                        graph, kind = OnnxGraph.quantized_for(self, self.heads, graph, self.threads), "onnx-int8"
                     except OnnxUnavailable as e:
                         if runtime == "onnx-int8":
                             raise
                         log.warning("int8 ONNX graph not used for the %s predictor (fp32 instead): %s",
                                     self.meta.kind, e)
-                self._onnx, self.runtime = graph, runtime if runtime == "onnx-int8" else "onnx"
+                self._onnx, self.runtime = graph, kind
                 return
             except OnnxUnavailable as e:
                 if runtime != "auto":

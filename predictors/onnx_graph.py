@@ -27,6 +27,7 @@ agreement with fp32 are kept in its stamp file.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -67,19 +68,23 @@ class OnnxGraph:
     """Callable: tokenised batch (PyTorch tensors) -> one logits array (numpy fp32) per head."""
 
     def __init__(self, path: Path, threads: int | None, input_names: tuple[str, ...], one_text_per_pass: bool = False):
+        self.path = path
+        self.threads = threads
+        self.one_text_per_pass = one_text_per_pass
+        self.input_names = input_names
+
+    @functools.cached_property
+    def session(self):
+        """Loaded on the first pass: the fp32 graph behind a fresh int8 one is never loaded."""
         import onnxruntime as ort
 
-        self.path = path
-        self.one_text_per_pass = one_text_per_pass
-
         so = ort.SessionOptions()
-        so.intra_op_num_threads = int(threads or 0)
+        so.intra_op_num_threads = int(self.threads or 0)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # no busy-waiting between passes: on two cores it would take CPU from the event loop and the engine
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        self.input_names = input_names
+        return ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"])
 
     def __call__(self, enc) -> list[np.ndarray]:
         feeds = {k: enc[k].numpy() for k in self.input_names}

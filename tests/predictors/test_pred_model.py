@@ -191,8 +191,9 @@ def test_int8_graph_is_the_default_where_it_is_no_worse(trained_home, tmp_path, 
     """"auto" runs the urgency graph with int8 weights when, on the validation split, it is no
     worse than fp32 (accuracy within 0.01, no more under-triage); on the test split it then
     gives the same level for nearly every text, with no more under-triage (its speed:
-    `triage bench predictor`, docs/predictors.md). A graph that fails the check is not used: "auto"
-    falls back to fp32 with a warning, "onnx-int8" is a clear error."""
+    `triage bench predictor`, docs/predictors.md). A graph that fails the check with every
+    recipe is not used: "auto" falls back to fp32 with a warning, "onnx-int8" is a clear
+    error, and the next start does not quantise again (the refusal is stamped for these weights)."""
     import json
     import shutil
 
@@ -208,6 +209,7 @@ def test_int8_graph_is_the_default_where_it_is_no_worse(trained_home, tmp_path, 
     assert fast.urgency.runtime == "onnx-int8"
     stamp = json.loads((tmp_path / "urgency" / "onnx-urgency+length+pooledmean-int8.json").read_text())
     check = stamp["agreement_with_fp32"]
+    assert check["recipe"] == check["tried"][-1]["recipe"] in [name for name, _ in ox.INT8_RECIPES]
     assert check["int8"]["under_triage"] <= check["fp32"]["under_triage"]
     assert check["int8"]["accuracy"] >= check["fp32"]["accuracy"] - 0.01 and check["urgency"]["class_agreement"] >= 0.97
     rows = load_corpus("test")
@@ -222,9 +224,11 @@ def test_int8_graph_is_the_default_where_it_is_no_worse(trained_home, tmp_path, 
         p.unlink()
     with caplog.at_level("WARNING"):
         assert Predictor(*dirs, runtime="auto").urgency.runtime == "onnx"
-    assert "int8 ONNX graph not used" in caplog.text and not list((tmp_path / "urgency").glob("*-int8.*"))
+    assert "int8 ONNX graph not used" in caplog.text and "every recipe" in caplog.text
+    assert not list((tmp_path / "urgency").glob("*-int8.onnx"))
+    monkeypatch.setattr(ox, "_check_recipe", lambda *a, **k: pytest.fail("quantised again for the same weights"))
     with pytest.raises(OnnxUnavailable, match="worse than fp32"):
-        Classifier(dirs[0], runtime="onnx-int8")
+        Predictor(*dirs, runtime="onnx-int8")
 
 
 def test_a_bad_onnx_export_is_refused_and_auto_falls_back(trained_home, tmp_path, monkeypatch, caplog):

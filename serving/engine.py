@@ -170,8 +170,9 @@ class EngineConfig:
     step_log: str | None = None       # JSONL file: per step what ran, what was preempted and why
     learn_shape: bool = True          # the scheduler learns the prefill/decode cost ratio online (ρ)
     # CPU only: the engine's processes run at this much lower priority than the service, so
-    # classifying and streaming a new call never waits behind the engine's compute (0: off)
-    engine_nice: int = 5
+    # classifying and streaming a new call never waits behind the engine's compute (0: off, the
+    # default: see Settings.engine_nice)
+    engine_nice: int = 0
     # a second engine kept started and idle: when the serving one dies it takes over at once
     # (no cold start, ~30-70 s on a 2-core CPU), and a new standby is built in the background.
     # Costs the engine's memory twice (model + KV cache) and, while building, CPU

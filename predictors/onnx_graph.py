@@ -66,6 +66,10 @@ class OnnxUnavailable(RuntimeError):
     pass
 
 
+class _Int8Refused(OnnxUnavailable):
+    """Every recipe of INT8_RECIPES failed the check (stamped for these weights)."""
+
+
 def weights_fingerprint(model_dir: Path) -> str:
     h = hashlib.sha256()
     for name in sorted(os.listdir(model_dir)):
@@ -115,10 +119,15 @@ class OnnxGraph:
         fingerprint = _stamp(fp32.path).get("weights_sha256")
         if fingerprint is None:
             raise OnnxUnavailable(f"the fp32 graph's stamp ({fp32.path.with_suffix('.json')}) is unreadable")
+        refusal = {"weights_sha256": fingerprint, "recipes": [name for name, _ in INT8_RECIPES]}
         earlier = _stamp(path)
-        if not path.exists() and earlier.get("weights_sha256") == fingerprint and "rejected" in earlier:
-            raise OnnxUnavailable(earlier["rejected"])   # checked for these weights already
-        _made_once(path, fingerprint, lambda: {"agreement_with_fp32": _quantize(base, heads, fp32, path, threads)})
+        if not path.exists() and "rejected" in earlier and all(earlier.get(k) == v for k, v in refusal.items()):
+            raise OnnxUnavailable(earlier["rejected"])   # these weights failed these recipes already
+        try:
+            _made_once(path, fingerprint, lambda: {"agreement_with_fp32": _quantize(base, heads, fp32, path, threads)})
+        except _Int8Refused as e:
+            _write_stamp(path, {**refusal, "rejected": str(e)})
+            raise
         return cls(path, threads, fp32.input_names, one_text_per_pass=True)
 
     @classmethod
@@ -207,8 +216,8 @@ def _quantize(base, heads: tuple, fp32: OnnxGraph, path: Path, threads: int | No
     `INT8_RECIPES` that is no worse than fp32 on the validation split (`INT8_ACCURACY_SLACK`);
     return its name, per head the share of texts whose class it keeps (classifier heads) or
     the mean cosine of its vector with fp32's (the pooled vector the site adapters read), the
-    urgency accuracy and under-triage of both graphs, and every recipe tried. When none
-    passes, the stamp beside `path` records it (for these weights) and OnnxUnavailable is raised."""
+    urgency accuracy and under-triage of both graphs, and every recipe tried; _Int8Refused
+    when none passes."""
     if heads[0].meta.kind != "urgency":
         raise OnnxUnavailable("an int8 graph is checked against urgency labels: made for the urgency model only")
     try:
@@ -235,10 +244,8 @@ def _quantize(base, heads: tuple, fp32: OnnxGraph, path: Path, threads: int | No
                 return {"recipe": name, "texts": len(texts), **out, "tried": tried}
     finally:
         tmp.unlink(missing_ok=True)
-    reason = (f"the int8 graph is worse than fp32 on the validation split with every recipe "
-              f"(fp32: {out['fp32']}; tried: {tried})")
-    _write_stamp(path, {"weights_sha256": _stamp(fp32.path).get("weights_sha256"), "rejected": reason})
-    raise OnnxUnavailable(reason)
+    raise _Int8Refused(f"the int8 graph is worse than fp32 on the validation split with every recipe "
+                       f"(fp32: {out['fp32']}; tried: {tried})")
 
 
 def _check_recipe(options: dict, fp32: OnnxGraph, tmp: Path, threads: int | None, encs: list, ref: list,

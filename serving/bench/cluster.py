@@ -48,6 +48,17 @@ ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Co-located on one CPU box, the instances' engine processes (EngineCore and workers, not
+# their HTTP servers) can run at a lower priority than the front end (`--engine-nice N`), so
+# that the front end, which classifies every call before its level is known, is not
+# starved by the engines. By default they run as stock vLLM does (0), as the single-process
+# service runs its engine (`EngineConfig.engine_nice`): on a slow 2-core VM niced engines
+# spent 13-22 CPU-s more a burst than stock's and served fewer tokens/s (0.76x against
+# 0.80-0.84x of stock's at 0), while calls waited 0.23 s (p50) in the front end against
+# 0.54-0.60 s at 0, for the same ESI-1 first token overall (docs/deploy.md, 2026-11-26).
+ENGINE_NICE = 0
+
+
 @dataclass
 class ClusterPlan:
     instances: int = 2
@@ -56,19 +67,10 @@ class ClusterPlan:
     sizes: EngineSizes = field(default_factory=EngineSizes)
     kill_at: float | None = None
     workdir: Path = Path("/tmp/triage-bench-cluster")
-    nice: int = 0           # the front end's nice value; the instances run ENGINE_NICE lower (below)
+    nice: int = 0           # the front end's nice value; the instances' engines run engine_nice lower
+    engine_nice: int = ENGINE_NICE
     bind: bool = True       # CPU: instance i pinned to its own core(s); False: "nobind", threads float
     eager: bool = False     # --enforce-eager: no torch.compile warm-up (minutes on a busy 2-core machine)
-
-
-# Co-located on one CPU box, the instances' engine processes (EngineCore and workers, not
-# their HTTP servers) run at this much lower priority than the front end, as the
-# single-process service runs its engine (`EngineConfig.engine_nice`): the front end
-# classifies every call before its level is known, in arrival order, so a front end starved
-# by the engines holds an ESI-1 call as long as a chat (measured: 9.4 s median arrival-to-
-# dispatch for every level, 2 instances on 2 cores, docs/deploy.md). Niced whole, the
-# instances' HTTP servers missed the front end's connect timeout instead.
-ENGINE_NICE = 5
 
 
 def _cpus(i: int, n: int) -> str:
@@ -116,7 +118,7 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
     return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")
 
 
-def wait_instance(srv: Server, timeout_s: float = 600.0) -> None:
+def wait_instance(srv: Server, timeout_s: float = 600.0, engine_nice: int = ENGINE_NICE) -> None:
     import httpx
 
     deadline = time.time() + timeout_s
@@ -130,8 +132,8 @@ def wait_instance(srv: Server, timeout_s: float = 600.0) -> None:
             if r.status_code == 200:
                 from serving.engine import cpu_only, lower_engine_priority
 
-                if cpu_only():
-                    lower_engine_priority(ENGINE_NICE, srv.proc.pid)
+                if cpu_only() and engine_nice > 0:
+                    lower_engine_priority(engine_nice, srv.proc.pid)
                 return
         except httpx.HTTPError:
             pass
@@ -281,6 +283,13 @@ def _cpu_since(servers: list[Server], before: dict) -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
+def _steps(servers: list[Server]) -> list[int | None]:
+    """Each instance's engine steps so far (its /metrics; None where unreadable, e.g. killed)."""
+    from serving.bench.serve import engine_steps
+
+    return [engine_steps(s.url) for s in servers]
+
+
 def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
     return [calls[i::n] for i in range(n)]
 
@@ -296,7 +305,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         killed.update({"instance": instances[0].url, "at_s": round(time.time() - t_start, 2)})
         kill_group(instances[0])
 
-    cpu0 = _cpu(instances)
+    cpu0, steps0 = _cpu(instances), _steps(instances)
     faults = None   # the front end's re-routes and resumptions (not for the stock baseline)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
@@ -351,6 +360,8 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
     out["completed"] = len(ok)
     out["cpu_s"] = cpu
+    # engine steps per instance during the run: fewer, fuller steps serve more tokens/s
+    out["engine_steps"] = [None if a is None or b is None else b - a for a, b in zip(steps0, _steps(instances))]
     if router != BASELINE:
         out["faults"] = faults
     if audit is not None:
@@ -386,14 +397,14 @@ def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model:
                     stop(s)
                 insts = [start_instance(i, plan, stock=want == "stock", model=model) for i in range(plan.instances)]
                 for s in insts:
-                    wait_instance(s)
+                    wait_instance(s, engine_nice=plan.engine_nice)
                 warm_up(insts, calls, plan.sizes.max_num_seqs)
                 kind = want
                 echo(f"{plan.instances} {want} instances up: {', '.join(s.url for s in insts)}")
             for i, s in enumerate(insts):
                 if s.proc.poll() is not None:   # killed by the previous run
                     insts[i] = start_instance(i, plan, stock=want == "stock", model=model)
-                    wait_instance(insts[i])
+                    wait_instance(insts[i], engine_nice=plan.engine_nice)
                     warm_up([insts[i]], calls, plan.sizes.max_num_seqs)
             for s in insts:
                 fresh_cache(s)

@@ -31,8 +31,8 @@ def bench_serve(
     seed: int = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
-    turns: Annotated[bool, typer.Option(help="restart the systems for each repetition, in rotation (fair on a VM "
-                                             "whose speed drifts); off: each system's repetitions back to back")] = False,
+    turns: Annotated[bool, typer.Option(help="restart the systems for each repetition, the order reversed every other "
+                                             "turn (fair on a VM whose speed drifts); off: each system's repetitions back to back")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
@@ -66,7 +66,10 @@ def bench_serve(
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
            "texts": texts, "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
     raw: dict = {}
-    rounds = [(r, name) for r in range(reps) for name in names] if turns else [(None, name) for name in names]
+    # with --turns, odd turns run the systems in reverse (A B C, C B A, A B C, ...): a drift
+    # within a turn is not charged to the same system every time
+    rounds = ([(r, name) for r in range(reps) for name in (names if r % 2 == 0 else names[::-1])] if turns
+              else [(None, name) for name in names])
     acc: dict[str, Turn] = {name: Turn() for name in names}
     try:
         for rep, name in rounds:

@@ -72,7 +72,8 @@ def bench_cluster(
     bind: Annotated[bool, typer.Option(help="CPU: pin instance i to its own core(s); --no-bind: threads float")] = True,
     max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
     seed: int = 0,
-    nice: Annotated[int, typer.Option(help="run the front end at this nice value and the instances 5 lower in priority (19: leave the CPU to others)")] = 0,
+    nice: Annotated[int, typer.Option(help="run the front end at this nice value (19: leave the CPU to others)")] = 0,
+    engine_nice: Annotated[Optional[int], typer.Option(help="CPU: the instances' engine processes run this much nicer than the front end (default: the bench's ENGINE_NICE)")] = None,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: SLO attainment per gold level per router")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
@@ -83,7 +84,7 @@ def bench_cluster(
     import json
     import tempfile
 
-    from serving.bench.cluster import BASELINE, ROUTER_NAMES, ClusterPlan, plot as plot_png, run_cluster
+    from serving.bench.cluster import BASELINE, ENGINE_NICE, ROUTER_NAMES, ClusterPlan, plot as plot_png, run_cluster
     from serving.bench.serve import _classes, slo_scale, with_predictions
     from serving.bench.systems import BenchError, EngineSizes
     from serving.cli.bench_cmds import live_calibration, scenario_calls, served_model_or_exit
@@ -99,6 +100,8 @@ def bench_cluster(
         raise typer.BadParameter("--instances, --requests and --max-num-seqs must be >= 1, --spread >= 0")
     if kill_instance_at is not None and (kill_instance_at <= 0 or instances < 2):
         raise typer.BadParameter("--kill-instance-at needs a time > 0 and at least 2 instances")
+    if engine_nice is not None and not 0 <= engine_nice <= 19:
+        raise typer.BadParameter("must be 0-19", param_hint="--engine-nice")
     model = served_model_or_exit()
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-cluster-"))
     try:
@@ -111,13 +114,14 @@ def bench_cluster(
     if BASELINE in names:
         calls = with_predictions(calls)
     sizes = EngineSizes(max_num_seqs=max_num_seqs)
+    engine_nice = ENGINE_NICE if engine_nice is None else engine_nice
     plan = ClusterPlan(instances=instances, base_port=port, front_port=port + 90, sizes=sizes,
-                       kill_at=kill_instance_at, workdir=tmp, nice=nice, bind=bind, eager=eager)
+                       kill_at=kill_instance_at, workdir=tmp, nice=nice, engine_nice=engine_nice, bind=bind, eager=eager)
     out = {"instances": instances, "requests": len(calls), "scenario": scenario,
            "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
            "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
-           "bind": bind, "nice": nice, "eager": eager}
+           "bind": bind, "nice": nice, "engine_nice": engine_nice, "eager": eager}
     out["routers"] = {}
     try:
         _, raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,

@@ -40,10 +40,10 @@ def test_instances_http_servers_start_at_the_front_ends_priority(started, nice):
 
 
 def test_an_instances_engine_children_run_below_it():
-    """What wait_instance does once an instance answers: its child processes (vLLM's
-    EngineCore and workers) get ENGINE_NICE more, the instance's own HTTP process none, so
-    the front end's classifier and the instances' HTTP servers are never starved by the
-    engines (a starved front end held ESI-1 calls 9.4 s, docs/deploy.md)."""
+    """What wait_instance does once an instance answers, with `--engine-nice 5`: its child
+    processes (vLLM's EngineCore and workers) get 5 more, the instance's own HTTP process
+    none, so the front end's classifier and the instances' HTTP servers win the CPU from
+    the engines (a starved front end once held ESI-1 calls 9.4 s, docs/deploy.md)."""
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
     try:
@@ -54,8 +54,8 @@ def test_an_instances_engine_children_run_below_it():
             time.sleep(0.05)
         (child,) = psutil.Process(parent.pid).children()
         before = child.nice()
-        assert lower_engine_priority(cluster.ENGINE_NICE, parent.pid) == [child.pid]
-        assert child.nice() == min(19, before + cluster.ENGINE_NICE)
+        assert lower_engine_priority(5, parent.pid) == [child.pid]
+        assert child.nice() == min(19, before + 5)
         assert psutil.Process(parent.pid).nice() == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         for p in psutil.Process(parent.pid).children(recursive=True):

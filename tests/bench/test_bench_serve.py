@@ -204,8 +204,9 @@ def test_calibration_burst_fills_every_seat_at_once():
 @pytest.mark.parametrize("turns", [True, False])
 def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
     """--turns: every system is started for repetition 1, then every system for repetition 2
-    (a VM whose speed drifts charges every system alike); each system's report still pools
-    all its repetitions. Without it each system runs its repetitions back to back."""
+    in the reverse order (a VM whose speed drifts charges every system alike, within a turn
+    too); each system's report still pools all its repetitions. Without it each system runs
+    its repetitions back to back."""
     from typer.testing import CliRunner
 
     import serving.bench.serve as serve
@@ -227,13 +228,14 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
             "--workdir", str(tmp_path), "--json", "--turns" if turns else "--no-turns"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    want = ([("triage", 1), ("vllm-fcfs", 1)] * 2) if turns else [("triage", 2), ("vllm-fcfs", 2)]
+    want = ([("triage", 1), ("vllm-fcfs", 1), ("vllm-fcfs", 1), ("triage", 1)] if turns
+            else [("triage", 2), ("vllm-fcfs", 2)])
     assert started == want
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for s in out["systems"].values():
         assert s["completed"] == 12 and s["cpu_s"] == ({"api": 2.0, "engine": 4.0} if turns else {"api": 1.0, "engine": 2.0})
     # each repetition's own figures, in the order run: the drift between turns shows
-    walls = {"triage": [1.0, 3.0], "vllm-fcfs": [2.0, 4.0]} if turns else {"triage": [1.0, 1.0], "vllm-fcfs": [2.0, 2.0]}
+    walls = {"triage": [1.0, 4.0], "vllm-fcfs": [2.0, 3.0]} if turns else {"triage": [1.0, 1.0], "vllm-fcfs": [2.0, 2.0]}
     for name, want_walls in walls.items():
         per_rep = out["systems"][name]["per_rep"]
         assert [r["wall_s"] for r in per_rep] == want_walls

@@ -273,23 +273,11 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
              db.url.render_as_string(hide_password=True), classes.version)
 
 
-def classifier_threads(s: Settings) -> int:
-    """`predictor_threads`, else 1 beside an in-process CPU engine and 2 otherwise (see Settings)."""
-    if s.predictor_threads:
-        return s.predictor_threads
-    if s.backend == "vllm":
-        from serving.engine import cpu_only
-
-        if cpu_only():
-            return 1
-    return 2
-
-
 async def _start_predictor(s: Settings):
     from predictors.service import PredictorService
 
     d = Path(s.predictors_dir) if s.predictors_dir else None
-    svc = PredictorService(strategy=s.predictor_strategy, threads=classifier_threads(s), runtime=s.predictor_runtime,
+    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, runtime=s.predictor_runtime,
                            urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None)
     try:
         await svc.start()
@@ -297,7 +285,7 @@ async def _start_predictor(s: Settings):
         raise RuntimeError(f"the predictors are not trained ({e}); run `triage train all` "
                            "(`triage serve` does it on first start)") from None
     p = svc.predictor
-    log.info("predictors ready: runtime %s on %d thread(s), %s", p.urgency.runtime, classifier_threads(s),
+    log.info("predictors ready: runtime %s, %s", p.urgency.runtime,
              "one encoder pass for both" if p.shared_encoder else "two encoder passes (length model not trained on the urgency encoder)")
     return svc
 

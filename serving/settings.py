@@ -136,14 +136,10 @@ class Settings(BaseSettings):
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
-    # the classifier's ONNX threads; unset: 1 where the in-process vLLM engine shares this
-    # CPU, else 2. Beside a CPU engine at the same priority (`engine_nice` 0) a two-thread
-    # pass takes both cores at once and stalls both of the engine's OpenMP threads: one
-    # thread served 0.974x stock fcfs's tokens/s in a burst against 0.870x with two, the
-    # engine spending what stock's does (docs/preemption.md, seventeenth day). Without an
-    # engine beside it (simulated backend, a remote front end) two threads halve a call's
-    # classification wall time.
-    predictor_threads: int | None = Field(None, gt=0)
+    # 2: a call's ONNX pass takes ~4.5 ms of both cores instead of ~5.6 ms of one; a 2-core CPU
+    # engine, whose OpenMP threads wait for each other at every layer, stalls that much less
+    # (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s in a burst)
+    predictor_threads: int = Field(2, gt=0)
     predictor_runtime: Literal["auto", "onnx-int8", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX int8, else fp32 (predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors
 

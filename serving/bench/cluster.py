@@ -378,19 +378,51 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     return out, res
 
 
+def turn_order(routers: list[str], turns: int) -> list[str]:
+    """Who runs when: ours first, then the stock baseline; with several turns every other
+    turn is reversed (A B, B A, A B), so a drift of the machine within a turn is not
+    charged to the same router each time, and each kind's instances start once per switch."""
+    base = [r for r in routers if r != BASELINE] + [r for r in routers if r == BASELINE]
+    return [r for t in range(turns) for r in (base if t % 2 == 0 else base[::-1])]
+
+
+TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "faults", "audit", "killed",
+               "after_kill")
+
+
+def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
+    """One router's turns as one report: the calls of every turn summarized together
+    (tokens/s = all tokens over all bursts' seconds), counts and CPU seconds summed, and
+    each turn's own figures under `turns`."""
+    reps = [r for r, _ in runs]
+    if len(reps) == 1:
+        return reps[0]
+    out = summarize([x for _, rr in runs for x in rr], [r["wall_s"] for r in reps], classes)
+    for k in ("errors", "lost", "audit_rows_missing"):
+        if k in reps[0]:
+            out[k] = sum(r[k] for r in reps)
+    out["lost_examples"] = sorted({e for r in reps for e in r.get("lost_examples", [])})[:3]
+    out["cpu_s"] = {k: round(sum(r["cpu_s"].get(k, 0.0) for r in reps), 1) for k in reps[0]["cpu_s"]}
+    out["engine_steps"] = [r["engine_steps"] for r in reps]
+    out["turns"] = [{k: r[k] for k in TURN_FIELDS if k in r} | {"esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]}
+                    for r in reps]
+    return out
+
+
 def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,
                 progress: Callable[[str, int], contextlib.AbstractContextManager] | None = None,
-                echo: Callable[[str], None] = lambda s: None, into: dict | None = None) -> tuple[dict, dict]:
-    """Every router in turn (ours first, then the stock baseline); instances are started
-    once per kind and a killed one is restarted before the next router. `into` receives
-    each router's report as it completes (kept when a later router fails)."""
-    order = [r for r in routers if r != BASELINE] + [r for r in routers if r == BASELINE]
+                echo: Callable[[str], None] = lambda s: None, into: dict | None = None,
+                turns: int = 1) -> tuple[dict, dict]:
+    """Every router in turn (`turn_order`); instances are started once per kind and a killed
+    one is restarted before the next router. `into` receives each router's report (its
+    turns so far, `merge_turns`) as it completes (kept when a later router fails)."""
     out: dict = into if into is not None else {}
     raw: dict = {}
+    runs: dict[str, list[tuple[dict, list[Result]]]] = {}
     insts: list[Server] = []
     kind: str | None = None
     try:
-        for router in order:
+        for router in turn_order(routers, turns):
             want = "stock" if router == BASELINE else "triage"
             if kind != want:
                 for s in insts:
@@ -416,11 +448,18 @@ def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model:
                     done[0] += 1
                     advance(done[0])
 
-                out[router], raw[router] = run_router(router, calls, plan, model, insts, classes, on_done=tick)
-            echo(line(router, out[router]))
+                rep, res = run_router(router, calls, plan, model, insts, classes, on_done=tick)
+            runs.setdefault(router, []).append((rep, res))
+            out[router] = merge_turns(runs[router], classes)
+            raw[router] = [x for _, rr in runs[router] for x in rr]
+            n = len(runs[router])
+            echo(line(router if turns == 1 else f"{router} (turn {n} of {turns})", rep))
     finally:
         for s in insts:
             stop(s)
+    if turns > 1:
+        for router in runs:
+            echo(line(f"{router} ({turns} turns)", out[router]))
     return out, raw
 
 

@@ -72,6 +72,7 @@ def bench_cluster(
     bind: Annotated[bool, typer.Option(help="CPU: pin instance i to its own core(s); --no-bind: threads float")] = True,
     max_num_seqs: Annotated[int, typer.Option(help="seats per instance")] = 32,
     seed: int = 0,
+    turns: Annotated[int, typer.Option(help="run every router this many times, every other turn in reverse order (A B, B A, ...); the report sums the turns and lists each")] = 1,
     nice: Annotated[int, typer.Option(help="run the front end at this nice value (19: leave the CPU to others)")] = 0,
     engine_nice: Annotated[Optional[int], typer.Option(help="CPU: the instances' engine processes run this much nicer than the front end (default: the bench's ENGINE_NICE)")] = None,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
@@ -96,8 +97,8 @@ def bench_cluster(
         raise typer.BadParameter(f"unknown router(s) {bad}; routers are {', '.join(ROUTER_NAMES)}", param_hint="--routers")
     if scenario not in ("burst", "trace"):
         raise typer.BadParameter("scenario must be burst or trace", param_hint="--scenario")
-    if instances < 1 or requests < 1 or spread < 0 or max_num_seqs < 1:
-        raise typer.BadParameter("--instances, --requests and --max-num-seqs must be >= 1, --spread >= 0")
+    if instances < 1 or requests < 1 or spread < 0 or max_num_seqs < 1 or turns < 1:
+        raise typer.BadParameter("--instances, --requests, --max-num-seqs and --turns must be >= 1, --spread >= 0")
     if kill_instance_at is not None and (kill_instance_at <= 0 or instances < 2):
         raise typer.BadParameter("--kill-instance-at needs a time > 0 and at least 2 instances")
     if engine_nice is not None and not 0 <= engine_nice <= 19:
@@ -121,11 +122,11 @@ def bench_cluster(
            "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "kill_instance_at": kill_instance_at,
            "slo_scale": slo_scale(), "texts": texts, "engine": sizes.__dict__, "cpu_count": os.cpu_count(),
-           "bind": bind, "nice": nice, "engine_nice": engine_nice, "eager": eager}
+           "bind": bind, "nice": nice, "engine_nice": engine_nice, "eager": eager, "turns": turns}
     out["routers"] = {}
     try:
-        _, raw = run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
-                             echo=lambda s: typer.echo(s, err=True), into=out["routers"])
+        run_cluster(names, calls, plan, str(model), _classes(), progress=progress_bar,
+                    echo=lambda s: typer.echo(s, err=True), into=out["routers"], turns=turns)
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         out["error"], out["workdir"] = str(e).splitlines()[0], str(tmp)   # the routers that completed are kept

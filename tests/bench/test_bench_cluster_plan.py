@@ -79,3 +79,42 @@ def test_instances_and_front_end_share_the_benchs_session_in_groups_of_their_own
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_turns_alternate_so_each_kind_of_instance_starts_once_per_switch():
+    """--turns 3 with one of our routers and the stock baseline: A B, B A, A B, so a drift of
+    the machine is not charged to the same router every time, and the instances restart
+    only where the kind changes (4 starts, not 6)."""
+    order = cluster.turn_order(["stock_round_robin", "gorouting"], 3)
+    assert order == ["gorouting", "stock_round_robin", "stock_round_robin", "gorouting", "gorouting",
+                     "stock_round_robin"]
+    starts = sum(1 for i, r in enumerate(order) if i == 0 or (r == cluster.BASELINE) != (order[i - 1] == cluster.BASELINE))
+    assert starts == 4
+    assert cluster.turn_order(["gorouting", "min_load"], 1) == ["gorouting", "min_load"]
+
+
+def test_turns_are_reported_together_and_each_on_its_own():
+    """Two turns of one router: tokens/s is all tokens over all bursts' seconds (not the
+    mean of two rates), counts and CPU seconds add up, and each turn keeps its own figures."""
+    from serving.bench.loadgen import Call, Result
+    from serving.bench.serve import _classes
+
+    classes = _classes()
+
+    def turn(tokens: int, wall: float, cpu: float):
+        res = [Result(Call(i, "t", 1 if i == 0 else 3, "dispatch", 0.0, 64), sent=0.0, first=0.2 + i, end=wall,
+                      tokens=tokens, level=1 if i == 0 else 3) for i in range(2)]
+        rep = cluster.summarize(res, [wall], classes) | {"lost": 0, "lost_examples": [], "audit_rows_missing": 0,
+                                                        "cpu_s": {"front": cpu, "instances_engine": 10 * cpu},
+                                                        "engine_steps": [50, 60], "errors": 0}
+        return rep, res
+
+    one, two = turn(30, 10.0, 1.0), turn(10, 30.0, 2.0)
+    assert cluster.merge_turns([one], classes) is one[0]
+    m = cluster.merge_turns([one, two], classes)
+    assert m["tokens_per_s"] == round((2 * 30 + 2 * 10) / 40.0, 1)   # 2.0, where the mean of rates would be 3.3
+    assert m["completed"] == 4 and m["reps"] == 2 and m["errors"] == 0 and m["lost"] == 0
+    assert m["cpu_s"] == {"front": 3.0, "instances_engine": 30.0}
+    assert m["engine_steps"] == [[50, 60], [50, 60]]
+    assert [t["tokens_per_s"] for t in m["turns"]] == [6.0, round(20 / 30.0, 1)]
+    assert [t["esi1_ttft_p50_ms"] for t in m["turns"]] == [200.0, 200.0]

@@ -40,8 +40,8 @@ from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
 from serving.bench.report import summarize
-from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, port_free,
-                                   stop)
+from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
+                                   port_free, stop)
 
 BASELINE = "stock_round_robin"
 ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
@@ -379,11 +379,10 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
 
 
 def turn_order(routers: list[str], turns: int) -> list[str]:
-    """Who runs when: ours first, then the stock baseline; with several turns every other
-    turn is reversed (A B, B A, A B), so a drift of the machine within a turn is not
-    charged to the same router each time, and each kind's instances start once per switch."""
+    """Who runs when: ours first, then the stock baseline, every other turn reversed
+    (`alternating`: A B, B A, A B), so each kind's instances start once per switch."""
     base = [r for r in routers if r != BASELINE] + [r for r in routers if r == BASELINE]
-    return [r for t in range(turns) for r in (base if t % 2 == 0 else base[::-1])]
+    return [r for _, r in alternating(base, turns)]
 
 
 TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "faults", "audit", "killed",
@@ -412,12 +411,11 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
 def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,
                 progress: Callable[[str, int], contextlib.AbstractContextManager] | None = None,
                 echo: Callable[[str], None] = lambda s: None, into: dict | None = None,
-                turns: int = 1) -> tuple[dict, dict]:
+                turns: int = 1) -> dict:
     """Every router in turn (`turn_order`); instances are started once per kind and a killed
     one is restarted before the next router. `into` receives each router's report (its
     turns so far, `merge_turns`) as it completes (kept when a later router fails)."""
     out: dict = into if into is not None else {}
-    raw: dict = {}
     runs: dict[str, list[tuple[dict, list[Result]]]] = {}
     insts: list[Server] = []
     kind: str | None = None
@@ -451,7 +449,6 @@ def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model:
                 rep, res = run_router(router, calls, plan, model, insts, classes, on_done=tick)
             runs.setdefault(router, []).append((rep, res))
             out[router] = merge_turns(runs[router], classes)
-            raw[router] = [x for _, rr in runs[router] for x in rr]
             n = len(runs[router])
             echo(line(router if turns == 1 else f"{router} (turn {n} of {turns})", rep))
     finally:
@@ -460,7 +457,7 @@ def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model:
     if turns > 1:
         for router in runs:
             echo(line(f"{router} ({turns} turns)", out[router]))
-    return out, raw
+    return out
 
 
 def line(name: str, s: dict) -> str:

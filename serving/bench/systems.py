@@ -35,6 +35,12 @@ MODEL_NAME = "smollm2-135m-instruct"
 VARIANT_SEP, PARAM_SEP = ":", "+"
 
 
+def alternating(names: list[str], turns: int) -> list[tuple[int, str]]:
+    """(turn, name) for `turns` turns, every other turn in reverse (A B C, C B A, A B C, ...):
+    a drift of the machine within a turn is not charged to the same system every time."""
+    return [(t, n) for t in range(turns) for n in (names if t % 2 == 0 else names[::-1])]
+
+
 def is_triage(name: str) -> bool:
     return name == "triage" or name.startswith("triage" + VARIANT_SEP)
 

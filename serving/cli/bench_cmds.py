@@ -38,7 +38,7 @@ def bench_serve(
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
     from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
-    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, check_system, dir_name
+    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name
     from serving.cli.progress import progress_bar
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
@@ -66,10 +66,7 @@ def bench_serve(
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
            "texts": texts, "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
     raw: dict = {}
-    # with --turns, odd turns run the systems in reverse (A B C, C B A, A B C, ...): a drift
-    # within a turn is not charged to the same system every time
-    rounds = ([(r, name) for r in range(reps) for name in (names if r % 2 == 0 else names[::-1])] if turns
-              else [(None, name) for name in names])
+    rounds = alternating(names, reps) if turns else [(None, name) for name in names]
     acc: dict[str, Turn] = {name: Turn() for name in names}
     try:
         for rep, name in rounds:

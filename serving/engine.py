@@ -487,6 +487,10 @@ class TriageEngine:
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty vLLM's prefix cache (False, nothing changed, while requests hold blocks)."""
+        return bool(await self._require().reset_prefix_cache())
+
     # ------------------------------------------------------------------ control channel
     async def _control(self, op: str, payload: Any = None) -> Any:
         llm = self._require()

@@ -166,6 +166,8 @@ class TriageStats:
     estimator_rho: float = 1.0               # prefill cost relative to the profile's, learnt online
     running: int = 0
     waiting: int = 0
+    prompt_tokens: int = 0                   # of the requests added so far ...
+    prefix_hit_tokens: int = 0               # ... and how many of them the prefix cache held at arrival
 
 
 class TriageScheduler(Scheduler):
@@ -243,6 +245,8 @@ class TriageScheduler(Scheduler):
         # system turn of a whole block or more, a repeated prompt) are not computed again:
         # the plan charges the step only for the rest, as vLLM will run it
         r.computed = self._prefix_hit(request)
+        self.tstats.prompt_tokens += r.prompt_len
+        self.tstats.prefix_hit_tokens += r.computed
         self.tstate.add(r)
         # add() refreshed weight/SLOs from the class table; per-request SLOs win
         if "ttft_slo" in xa:

@@ -1,11 +1,12 @@
-"""Operators: relabel live requests, watch the queue (the class table: class_routes.py)."""
+"""Operators: relabel live requests, watch the queue (the class table: class_routes.py);
+admins: empty the engine's prefix cache."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from serving.api.errors import APIError
 from serving.api.schemas import RelabelBody
-from serving.auth import OperatorKey
+from serving.auth import AdminKey, OperatorKey
 from serving.loop import Conflict, NotFound
 
 router = APIRouter(prefix="/admin", tags=["operators"])
@@ -32,3 +33,17 @@ async def relabel(request: Request, request_id: str, body: RelabelBody, who: Ope
 @router.get("/queue")
 async def queue(request: Request, _: OperatorKey) -> dict:
     return request.app.state.frontend.snapshot()
+
+
+@router.post("/engine/reset-prefix-cache")
+async def reset_prefix_cache(request: Request, who: AdminKey) -> dict:
+    """Empty the engine's prefix cache (vLLM's `reset_prefix_cache`), e.g. so that a
+    benchmark's repeated calls meet a cold cache as new calls do. Refused (409) while
+    requests are running: their blocks are in use."""
+    try:
+        done = await request.app.state.frontend.backend.reset_prefix_cache()
+    except NotImplementedError as e:   # remote instances without vLLM's dev endpoint
+        raise APIError(409, str(e)) from None
+    if not done:
+        raise APIError(409, "the engine holds running requests' blocks; retry when it is idle")
+    return {"reset": True, "by": who.actor}

@@ -489,6 +489,22 @@ class RemoteBackend:
         except httpx.HTTPError as e:
             log.warning("relabel of %s on %s failed: %s", request_id, inst.url, e)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty every instance's prefix cache through vLLM's own endpoint (only served by
+        an instance started with VLLM_SERVER_DEV_MODE=1); False while one still holds blocks."""
+        if self._client is None:
+            return False
+        done = True
+        for i in self.instances:
+            if not i.available:
+                continue
+            r = await self._client.post(i.url + "/reset_prefix_cache", timeout=30.0)
+            if r.status_code == 404:
+                raise NotImplementedError(f"instance {i.url} serves no /reset_prefix_cache "
+                                          "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
+            done = done and r.status_code == 200 and bool(r.json().get("success", True))
+        return done
+
     async def set_classes(self, classes: PriorityClasses) -> None:
         self.classes = classes
         if self._client is None:

@@ -156,6 +156,9 @@ class SimulatedBackend:
         if q is not None:
             q.put_nowait(TokenEvent(request_id, "", [], time.time(), True, "abort"))
 
+    async def reset_prefix_cache(self) -> bool:
+        return True   # the simulated engine models no prefix cache: it is always empty
+
     async def relabel(self, request_id: str, level: int) -> None:
         st = self.inst.state
         if request_id in st.requests:

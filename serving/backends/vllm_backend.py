@@ -156,6 +156,9 @@ class VLLMBackend:
     async def relabel(self, request_id: str, level: int) -> None:
         await self.engine.relabel(request_id, level)
 
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine.reset_prefix_cache()
+
     async def set_classes(self, classes: PriorityClasses) -> None:
         self.classes = classes
         await self.engine.set_classes(classes)

@@ -41,7 +41,7 @@ from typing import Callable
 from serving.bench.loadgen import Call, Result, run_calls
 from serving.bench.report import summarize
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
-                                   port_free, stop)
+                                   port_free, reset_prefix_cache, stop)
 
 BASELINE = "stock_round_robin"
 ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
@@ -112,7 +112,7 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
         env = vllm_env(kv_cache_gib=s.kv_cache_gib, cpus=_cpus(i, plan.instances))
     else:
         env = vllm_env(kv_cache_gib=s.kv_cache_gib, cpus="nobind", threads=max(1, ncpu // plan.instances))
-    env["VLLM_SERVER_DEV_MODE"] = "1"   # POST /reset_prefix_cache between routers (`fresh_cache`)
+    env["VLLM_SERVER_DEV_MODE"] = "1"   # POST /reset_prefix_cache between routers (reset_prefix_cache)
     name = f"instance{i}{'-stock' if stock else ''}"
     proc = _popen(cmd, env, plan.workdir / f"{name}.log", plan.nice)
     return Server(name, f"http://127.0.0.1:{port}", None, proc, plan.workdir / f"{name}.log")
@@ -225,23 +225,6 @@ def warm_up(instances: list[Server], calls: list[Call], seats: int) -> None:
         await asyncio.gather(*(run_calls(s.url, None, MODEL_NAME, wave) for s in instances))
 
     asyncio.run(all_())
-
-
-def fresh_cache(srv: Server, tries: int = 20) -> None:
-    """Empty the instance's prefix cache (vLLM's dev endpoint, on in the bench's instances):
-    every router replays the same calls, and without this the routers after the first found
-    every prompt cached by the first (a cold cache is what a real call meets)."""
-    import httpx
-
-    for _ in range(tries):
-        try:
-            r = httpx.post(srv.url + "/reset_prefix_cache", timeout=30)
-            if r.status_code == 200 and r.json().get("success"):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)   # refused while blocks are held: a request still finishing
-    raise BenchError(f"{srv.name} did not empty its prefix cache (POST /reset_prefix_cache)")
 
 
 def fault_counts(metrics_text: str) -> dict[str, int]:
@@ -437,7 +420,7 @@ def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model:
                     wait_instance(insts[i], engine_nice=plan.engine_nice)
                     warm_up([insts[i]], calls, plan.sizes.max_num_seqs)
             for s in insts:
-                fresh_cache(s)
+                reset_prefix_cache(s)
             ctx = progress(router, len(calls)) if progress else contextlib.nullcontext(lambda n: None)
             with ctx as advance:
                 done = [0]

@@ -47,10 +47,9 @@ from typing import Callable
 
 import httpx
 
-from serving.bench.systems import MODEL_NAME, EngineSizes, Server
+from serving.bench.systems import MODEL_NAME, EngineSizes, Server, admin_key
 
 SCENARIOS = ("client_disconnect", "slowloris", "engine_kill", "db_outage", "sigterm_drain")
-ADMIN_LINE = re.compile(r"^\s+admin\s+(\S+)\s*$", re.M)
 TEXTS = ("My neighbour fell off a ladder and his leg looks broken.", "I need a refill of my blood pressure pills.",
          "Chest pain for an hour, sweating, short of breath.", "What time does the pharmacy open on Sunday?",
          "My son has a fever of 39 and a rash that does not fade.", "A car hit a cyclist, he is awake but bleeding.")
@@ -586,11 +585,6 @@ class PauseClock:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def admin_key(log: Path) -> str | None:
-    m = ADMIN_LINE.search(log.read_text(errors="replace"))
-    return m.group(1) if m else None
 
 
 def run(scenarios: list[str], *, backend: str, workdir: Path, port: int, model: str, clients: int,

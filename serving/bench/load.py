@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import resource
 import threading
 import time
@@ -39,9 +38,8 @@ from typing import Callable
 import httpx
 import numpy as np
 
-from serving.bench.systems import MODEL_NAME, EngineSizes, start_system
+from serving.bench.systems import MODEL_NAME, EngineSizes, admin_key, start_system
 
-ADMIN_LINE = re.compile(r"^\s+admin\s+(\S+)\s*$", re.M)
 TEXTS = [
     "My neighbour fell off a ladder and is not moving.",
     "I have had a mild headache since this morning.",
@@ -236,10 +234,9 @@ def run_load(streams: int, backend: str, *, workdir: Path, port: int, model: str
     db_url = f"sqlite:///{workdir / 'triage' / 'audit.db'}"
     with start_system("triage", EngineSizes(), port=port, workdir=workdir / "triage", model=model,
                       triage_env=triage_env, timeout_s=ready_timeout_s) as srv:
-        m = ADMIN_LINE.search(srv.log.read_text(errors="replace"))
-        if not m:
+        admin = admin_key(srv.log)
+        if not admin:
             raise RuntimeError("the server did not print its first admin key")
-        admin = m.group(1)
         with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as c:
             client_keys = []
             for k in range(keys):

@@ -28,7 +28,8 @@ import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
 from serving.bench.report import _pct, summarize
-from serving.bench.systems import MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, start_system
+from serving.bench.systems import (MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, reset_prefix_cache,
+                                   start_system)
 from serving.bench.texts import Text, classify
 
 IDLE_TEXT = "My father collapsed and is not breathing."
@@ -86,14 +87,20 @@ class Turn:
 
 
 def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
-             on_done: Callable[[Result], None] | None = None, triage_env: dict | None = None) -> Turn:
-    """Start `name`, time an idle call, replay `calls` `reps` times, stop it."""
+             on_done: Callable[[Result], None] | None = None, triage_env: dict | None = None,
+             warm_cache: bool = False) -> Turn:
+    """Start `name`, time an idle call, replay `calls` `reps` times, stop it. Before each
+    repetition the prefix cache is emptied (unless `warm_cache`): the same calls again would
+    find their prompts cached, which new calls never do (measured: 5,211 prompt tokens
+    computed in a first burst, 1,250 in a repeat; docs/preemption.md)."""
     turn = Turn()
     with start_system(name, sizes, port=port, workdir=workdir / dir_name(name), model=model,
                       triage_env=triage_env) as srv:
         turn.floors.append(asyncio.run(idle_ttft(srv.url, srv.key, MODEL_NAME, IDLE_TEXT)))
         cpu0 = cpu_seconds(srv.proc.pid)
         for _ in range(reps):
+            if not warm_cache:
+                reset_prefix_cache(srv)
             steps0 = engine_steps(srv.url)
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))

@@ -160,6 +160,7 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
     from serving.engine import vllm_env
 
     env = vllm_env()
+    env["VLLM_SERVER_DEV_MODE"] = "1"   # stock vLLM's POST /reset_prefix_cache (reset_prefix_cache)
     if is_triage(name):
         params = variant_params(name)
         if params:
@@ -197,6 +198,35 @@ def _prefix_flag(sizes: EngineSizes) -> str:
 BENCH_ROLE_LIMITS = ('{"client": {"rps": 100000, "burst": 100000, "concurrency": 100000}, '
                      '"admin": {"rps": 100000, "burst": 100000, "concurrency": 100000}}')
 KEY_LINE = re.compile(r"^\s+client\s+(\S+)\s*$", re.M)
+ADMIN_LINE = re.compile(r"^\s+admin\s+(\S+)\s*$", re.M)
+
+
+def admin_key(log: Path) -> str | None:
+    """The admin key our service printed at its first start (its log is appended to by
+    later starts on the same workdir, which print none)."""
+    keys = ADMIN_LINE.findall(log.read_text(errors="replace"))
+    return keys[-1] if keys else None
+
+
+def reset_prefix_cache(srv: Server, tries: int = 20) -> None:
+    """Empty `srv`'s prefix cache: our service through its admin endpoint, stock vLLM (and
+    `triage instance`) through vLLM's dev endpoint (VLLM_SERVER_DEV_MODE=1, set for every
+    server a benchmark starts). A benchmark replays the same calls several times; without
+    this, every repetition after the first found its prompts cached (a new call meets a
+    cold cache)."""
+    if is_triage(srv.name):
+        url, headers = srv.url + "/admin/engine/reset-prefix-cache", {"Authorization": f"Bearer {admin_key(srv.log)}"}
+    else:
+        url, headers = srv.url + "/reset_prefix_cache", {}
+    for _ in range(tries):
+        try:
+            r = httpx.post(url, headers=headers, timeout=30)
+            if r.status_code == 200 and r.json().get("success", r.json().get("reset")):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)   # refused while blocks are held: a request still finishing
+    raise BenchError(f"{srv.name} did not empty its prefix cache (POST {url})")
 
 
 @contextlib.contextmanager

@@ -33,6 +33,8 @@ def bench_serve(
     plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
     turns: Annotated[bool, typer.Option(help="restart the systems for each repetition, the order reversed every other "
                                              "turn (fair on a VM whose speed drifts); off: each system's repetitions back to back")] = False,
+    warm_cache: Annotated[bool, typer.Option(help="keep the prefix cache between repetitions (each repeat then finds its "
+                                                  "prompts cached); off: emptied before each repetition, as new calls meet it")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
@@ -80,7 +82,7 @@ def bench_serve(
                     advance(done[0])
 
                 acc[name].add(run_turn(name, calls, n_reps, EngineSizes(), port=port, workdir=tmp, model=str(model),
-                                       on_done=tick))
+                                       on_done=tick, warm_cache=warm_cache))
             # each system's figures so far, after every turn: a run stopped later keeps them
             out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
             (tmp / f"{dir_name(name)}.json").write_text(json.dumps({**out, "systems": {name: out["systems"][name]}}) + "\n")
@@ -90,6 +92,7 @@ def bench_serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
     out["turns"] = turns
+    out["prefix_cache"] = "kept between repetitions" if warm_cache else "emptied before each repetition"
     out["workdir"] = str(tmp)
     if plot:
         _plot(out, raw, plot)

@@ -109,8 +109,7 @@ def bench_fuzz(
     import httpx
 
     from serving.bench.fuzz import fuzz
-    from serving.bench.load import ADMIN_LINE
-    from serving.bench.systems import BenchError, EngineSizes, start_system
+    from serving.bench.systems import BenchError, EngineSizes, admin_key, start_system
     from serving.cli.progress import progress_bar
     from serving.model_prep import default_model_dir
 
@@ -123,10 +122,9 @@ def bench_fuzz(
     try:
         with start_system("triage", EngineSizes(), port=port, workdir=tmp / "triage", model=str(default_model_dir()),
                           triage_env=env) as srv:
-            m = ADMIN_LINE.search(srv.log.read_text(errors="replace"))
-            if not m:
+            admin = admin_key(srv.log)
+            if not admin:
                 raise BenchError("the server did not print its first admin key")
-            admin = m.group(1)
             from serving.bench.hostile import hostile_cases
 
             total = cases + len(hostile_cases(1_000_000))

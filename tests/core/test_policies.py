@@ -281,6 +281,26 @@ def test_a_step_that_ends_with_an_esi1_first_token_carries_no_other_prefill():
     assert set(plan("triage", st, **LIVE).tokens) == {"dec", "three"}
 
 
+def test_first_step_slack_lets_the_urgent_first_step_carry_a_bounded_prefill():
+    """first_step_slack k: the step that ends with a level-1 first token may carry lower
+    prefill worth up to k step fixed costs (t_c = 10 ms, 0.1 ms a prefill token here: 100
+    tokens a t_c), so the first token waits at most k x t_c longer, not a whole step."""
+    st = make_state(max_seqs=8)
+    make_running(st, level=5, rid="dec")
+    make_request(st, level=1, prompt=40, arrival=0.9, rid="crit")
+    make_request(st, level=3, prompt=400, arrival=0.5, rid="three")
+    short = plan("triage", st, **LIVE)
+    one = plan("triage", st, first_step_slack=1.0, **LIVE)
+    two = plan("triage", st, first_step_slack=2.0, **LIVE)
+    full = plan("triage", st, short_first_step=False, **LIVE)
+    assert "three" not in short.tokens and one.tokens["crit"] == 40 and one.tokens["dec"] == 1
+    assert 0 < one.tokens["three"] <= 101 and one.tokens["three"] < two.tokens["three"] <= 201
+    assert full.tokens["three"] == 400
+    assert one.predicted_s <= short.predicted_s + 0.01 + 1e-6 < full.predicted_s
+    with pytest.raises(ValueError, match="first_step_slack"):
+        plan("triage", st, first_step_slack=-1.0, **LIVE)
+
+
 def test_a_protected_prompt_is_not_split_by_the_step_time():
     """unsplit_prompts (order="level"): two level-1 prompts of 400 tokens (40 ms each with
     these costs) and a step with time for 1.5 of them: the first runs whole and the second

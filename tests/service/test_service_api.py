@@ -93,6 +93,9 @@ def test_triage_classifies_without_generating(svc):
     ("get", "/admin/queue", "operator", 200),
     ("get", "/audit/latency", "auditor", 200),
     ("get", "/admin/classes", "admin", 200),
+    ("post", "/admin/engine/reset-prefix-cache", "operator", 403),
+    ("post", "/admin/engine/reset-prefix-cache", "client", 403),
+    ("post", "/admin/engine/reset-prefix-cache", "admin", 200),
 ])
 def test_roles(svc, method, path, role, status):
     key = {"bogus": "tri_000000000000_nope"}.get(role) or (svc.keys[role] if role else None)

@@ -210,6 +210,38 @@ def test_operator_relabel_moves_a_waiting_request_ahead(srv):
     assert first[target] == min(first.values()), first
 
 
+def test_admin_empties_the_prefix_cache(srv, cluster):
+    """After an admin's reset a repeated prompt is computed whole again (a benchmark's
+    repetitions meet a cold cache, as new calls do); a repeat without one finds it cached."""
+    def hits() -> int:
+        st = asyncio.run_coroutine_threadsafe(cluster.engine.refresh_stats(), cluster.loop).result(30)
+        return int(st["prefix_hit_tokens"])
+
+    def reset() -> httpx.Response:
+        for _ in range(40):   # refused (409) while an earlier test's stream still holds blocks
+            r = httpx.post(srv.url + "/admin/engine/reset-prefix-cache", headers=_h(srv, "admin"), timeout=30)
+            if r.status_code != 409:
+                return r
+            time.sleep(0.25)
+        return r
+
+    c = httpx.Client(base_url=srv.url, headers=_h(srv, "client"), timeout=120)
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content":
+            "Caller reports a multi-vehicle collision on the ring road with several people trapped, one "
+            "unconscious and bleeding from the head, fuel leaking near the cars, traffic backing up fast."}]}
+    assert httpx.post(srv.url + "/admin/engine/reset-prefix-cache", headers=_h(srv, "operator")).status_code == 403
+    for _ in range(2):
+        r = reset()
+        assert r.status_code == 200 and r.json()["reset"] is True, r.text
+        h0 = hits()
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        h1 = hits()
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        h2 = hits()
+        assert h1 == h0, "the first call after a reset found its prompt cached"
+        assert h2 - h1 >= 32, "the same prompt again found nothing cached (block size 32)"
+
+
 def test_audit_report_one_row_per_request_and_verify(srv):
     a = httpx.Client(base_url=srv.url, headers=_h(srv, "auditor"), timeout=60)
     t0 = time.time()

@@ -50,7 +50,9 @@ docs/preemption.md): strict urgency with decode-first batching:
        request's prompt completes (its first token is emitted when the step ends) takes
        nothing after the running decodes: the protected request's first token does not
        wait for other requests' prefill chunks to fill the step (they run one step later;
-       the cost is one step's fixed time per protected arrival). `solo_first_step` (off by
+       the cost is one step's fixed time per protected arrival); `first_step_slack` k > 0 lets
+       that step carry up to k step fixed costs (t_c) of lower prefill after all, so the first
+       token waits at most that much longer for it. `solo_first_step` (off by
        default) holds back the running decodes of that step too (they run one step later):
        the first token waits for the protected prompt alone. With `unsplit_prompts`
        (default) a protected prompt that the step's time would cut is not started: it runs
@@ -82,7 +84,8 @@ class Triage(SlideBatching):
                  stage_aware: bool = True, evict: bool = True, smooth: bool = True,
                  evict_for: str = "protected", safety: float = 1.0, order: str = "slide",
                  max_step_s: float | None = None, max_preemptions: int = 2, short_first_step: bool = True,
-                 protected_pace: float = 1.0, solo_first_step: bool = False, unsplit_prompts: bool = True) -> None:
+                 protected_pace: float = 1.0, solo_first_step: bool = False, unsplit_prompts: bool = True,
+                 first_step_slack: float = 0.0) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
         # order="level": no protected prompt is split by the step's time, and no prompt is left
         # with a rest cheaper than a step's fixed cost (module docstring, 2.)
@@ -93,6 +96,10 @@ class Triage(SlideBatching):
         # order="level": a step that ends with a protected request's first token carries no
         # prefill of a lower group (module docstring, 2.)
         self.short_first_step = short_first_step
+        # ... beyond the running decodes, up to this many step fixed costs (t_c) of it
+        if first_step_slack < 0:
+            raise ValueError("first_step_slack must be >= 0 (step fixed costs of prefill after a protected first token)")
+        self.first_step_slack = first_step_slack
         # ... and, with solo_first_step, not even the running decodes (they run one step later)
         self.solo_first_step = solo_first_step
         if safety < 1.0:
@@ -221,8 +228,15 @@ class Triage(SlideBatching):
             self._evict_for_waiting(view, q, b, order.tolist(), t_budget - decode_step, decode_step)
         kv_victims: list | None = None
         token_due = False   # a protected request's prompt completes in this step
+        slack = self.first_step_slack * view.estimator.beta * view.estimator.t_c   # lower prefill it may carry
+        capped = False
         for i in order.tolist():
-            if b.full or (token_due and group[i] >= (1 if self.solo_first_step else 2)):
+            if token_due and group[i] >= (1 if self.solo_first_step else 2):
+                if self.solo_first_step or slack <= 0:
+                    break
+                if not capped:   # the first lower prefill: the step ends `slack` later at most
+                    b.time_left, capped = min(b.time_left, slack), True
+            if b.full:
                 break
             r = reqs[i]
             if b.is_preempted(r):

@@ -155,7 +155,9 @@ def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag
                 "TRIAGE_MAX_MODEL_LEN": str(plan.sizes.max_model_len),
                 # as bench serve's: the benchmark's one client key must not meet the per-key caps
                 # (at 128 concurrent calls a slow run was refused 429, counted as errors)
-                "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS})
+                "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS,
+                # stalls of a quarter second are counted and logged with where (front_pauses)
+                "TRIAGE_LOOP_STALL_WARN_S": "0.25"})
     if not port_free(plan.front_port):
         raise BenchError(f"port {plan.front_port} is in use: pass another --port")
     cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]
@@ -244,6 +246,24 @@ def fault_counts(metrics_text: str) -> dict[str, int]:
     return out
 
 
+def front_pauses(metrics_text: str) -> dict:
+    """From the front end's /metrics: how often and how long its event loop was blocked
+    (`triage_event_loop_stall_seconds`: every call and stream waits meanwhile) and its
+    longest garbage collection by generation, since it started."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {"loop_stalls": 0, "loop_stall_s": 0.0, "gc_pause_max_s": {}}
+    for fam in text_string_to_metric_families(metrics_text):
+        for smp in fam.samples:
+            if smp.name == "triage_event_loop_stall_seconds_count":
+                out["loop_stalls"] = int(smp.value)
+            elif smp.name == "triage_event_loop_stall_seconds_sum":
+                out["loop_stall_s"] = round(smp.value, 2)
+            elif smp.name == "triage_gc_pause_max_seconds":
+                out["gc_pause_max_s"][smp.labels.get("generation", "?")] = round(smp.value, 3)
+    return out
+
+
 def _cpu(servers: list[Server]) -> dict[str, dict[str, float]]:
     from serving.bench.serve import cpu_seconds
 
@@ -289,7 +309,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         kill_group(instances[0])
 
     cpu0, steps0 = _cpu(instances), _steps(instances)
-    faults = None   # the front end's re-routes and resumptions (not for the stock baseline)
+    faults = pauses = None   # the front end's re-routes and resumptions, its stalls (not for the stock baseline)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
         if plan.kill_at is not None:
@@ -320,7 +340,8 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
 
             try:
                 front.extra["readyz_after"] = httpx.get(front.url + "/readyz", timeout=5).json()
-                faults = fault_counts(httpx.get(front.url + "/metrics", timeout=5).text)
+                text = httpx.get(front.url + "/metrics", timeout=5).text
+                faults, pauses = fault_counts(text), front_pauses(text)
             except (httpx.HTTPError, ValueError):
                 pass
         finally:
@@ -347,6 +368,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["engine_steps"] = [None if a is None or b is None else b - a for a, b in zip(steps0, _steps(instances))]
     if router != BASELINE:
         out["faults"] = faults
+        out["front_pauses"] = pauses
     if audit is not None:
         out["audit"] = audit
         out["audit_rows_missing"] = missing
@@ -368,8 +390,8 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
     return [r for _, r in alternating(base, turns)]
 
 
-TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "faults", "audit", "killed",
-               "after_kill")
+TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "faults", "front_pauses", "audit",
+               "killed", "after_kill")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:

@@ -118,3 +118,23 @@ def test_turns_are_reported_together_and_each_on_its_own():
     assert m["engine_steps"] == [[50, 60], [50, 60]]
     assert [t["tokens_per_s"] for t in m["turns"]] == [6.0, round(20 / 30.0, 1)]
     assert [t["esi1_ttft_p50_ms"] for t in m["turns"]] == [200.0, 200.0]
+
+
+def test_front_pauses_reads_the_front_ends_stalls_and_longest_collections():
+    """bench cluster reports how long the front end's event loop stood still (every call
+    waits then) and its longest garbage collection, from the service's own /metrics."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from serving.gc_heap import GcPauses
+
+    reg = CollectorRegistry()
+    h = Histogram("triage_event_loop_stall_seconds", "x", buckets=(1, 2), registry=reg)
+    h.observe(1.37)
+    h.observe(0.3)
+    pauses = GcPauses()
+    pauses.max = [0.001, 0.02, 1.25]
+    reg.register(pauses)
+    got = cluster.front_pauses(generate_latest(reg).decode())
+    assert got["loop_stalls"] == 2 and got["loop_stall_s"] == pytest.approx(1.67)
+    assert got["gc_pause_max_s"] == {"0": 0.001, "1": 0.02, "2": 1.25}
+    assert cluster.front_pauses("") == {"loop_stalls": 0, "loop_stall_s": 0.0, "gc_pause_max_s": {}}

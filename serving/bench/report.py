@@ -96,5 +96,23 @@ def summarize(results: list[Result], walls: list[float], classes: PriorityClasse
         "esi1_caught": {"n": cg["n"], "ttft_p50_ms": cg["ttft_p50_ms"], "ttft_p99_ms": cg["ttft_p99_ms"],
                         "ttft_max_ms": cg["ttft_max_ms"]},
         "classifier": classifier_figures(results),
+        "client_late_max_ms": client_late_max_ms(results, len(walls)),
     }
     return out
+
+
+def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:
+    """How much later than planned the load generator posted its most delayed call (each
+    repetition against its own start): tens of ms normally; a second means the machine
+    itself stood still (a paused VM, a starved client), and every system's figures from
+    that run are disturbed."""
+    sent = [r for r in results if r.sent]
+    if not sent or reps < 1 or len(results) % reps:
+        return None
+    k = len(results) // reps
+    late = 0.0
+    for i in range(reps):
+        offs = [r.sent - r.call.at for r in results[i * k:(i + 1) * k] if r.sent]
+        if offs:
+            late = max(late, max(offs) - min(offs))
+    return round(1000 * late, 1)

@@ -86,6 +86,20 @@ def test_summary_is_per_gold_level_and_counts_errors():
     assert 0 < s["tdg_ratio"] < 1
 
 
+def test_a_call_the_load_generator_posted_late_is_reported():
+    """client_late_max_ms: each repetition's most delayed post against its plan; a machine
+    that stood still for 1.3 s (every system's run disturbed) shows as 1,300 ms."""
+    from serving.bench.report import client_late_max_ms
+
+    def rep(t0, lates):
+        return [Result(Call(i, "t", 3, "dispatch", 0.5 * i, 8), sent=t0 + 0.5 * i + d) for i, d in enumerate(lates)]
+
+    calm, paused = rep(100.0, [0.002, 0.004, 0.003]), rep(500.0, [0.001, 0.002, 1.301])
+    assert client_late_max_ms(calm) == pytest.approx(2.0)
+    assert client_late_max_ms(calm + paused, reps=2) == pytest.approx(1300.0)
+    assert summarize(calm + paused, [10.0, 10.0], load_classes())["client_late_max_ms"] == pytest.approx(1300.0)
+
+
 def test_engine_steps_are_read_from_either_servers_metrics():
     """A burst's engine step count comes from stock vLLM's per-step histogram or from our
     service's counter; a /metrics without either gives None (no made-up figure)."""

@@ -498,11 +498,15 @@ class RemoteBackend:
         for i in self.instances:
             if not i.available:
                 continue
-            r = await self._client.post(i.url + "/reset_prefix_cache", timeout=30.0)
-            if r.status_code == 404:
-                raise NotImplementedError(f"instance {i.url} serves no /reset_prefix_cache "
-                                          "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
-            done = done and r.status_code == 200 and bool(r.json().get("success", True))
+            try:
+                r = await self._client.post(i.url + "/reset_prefix_cache", timeout=30.0)
+                if r.status_code == 404:
+                    raise NotImplementedError(f"instance {i.url} serves no /reset_prefix_cache "
+                                              "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
+                done = done and r.status_code == 200 and bool(r.json().get("success", True))
+            except (httpx.HTTPError, ValueError) as e:   # unreachable or not JSON: not emptied
+                log.warning("prefix cache reset on %s failed: %s", i.url, e)
+                done = False
         return done
 
     async def set_classes(self, classes: PriorityClasses) -> None:

@@ -164,6 +164,14 @@ def test_stream_end_to_end_and_the_instance_scheduler_sees_our_level(front, inst
     assert audit.outcome in ("ok", "length") and audit.instance == inst_url and audit.output_tokens == 160
 
 
+def test_a_prefix_cache_reset_names_what_the_instances_lack(front):
+    """Through the remote backend the reset goes to each instance's vLLM dev endpoint; these
+    instances run without VLLM_SERVER_DEV_MODE, so the admin is told so (409), not a 500."""
+    r = httpx.post(front.url + "/admin/engine/reset-prefix-cache", timeout=60,
+                   headers={"Authorization": f"Bearer {front.keys['admin']}"})
+    assert r.status_code == 409 and "VLLM_SERVER_DEV_MODE" in r.json()["error"]["message"], r.text
+
+
 def test_a_few_requests_each_reach_both_instances(instances, tmp_path, predictors_dir):
     """round_robin (GoRouting keeps packing an idle instance: sequential short calls all
     go to the first, by design); every request leaves an audit row naming its instance."""

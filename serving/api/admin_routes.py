@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from serving.api.errors import APIError
 from serving.api.schemas import RelabelBody
 from serving.auth import AdminKey, OperatorKey
+from serving.backends.base import BackendRefused
 from serving.loop import Conflict, NotFound
 
 router = APIRouter(prefix="/admin", tags=["operators"])
@@ -42,7 +43,7 @@ async def reset_prefix_cache(request: Request, who: AdminKey) -> dict:
     requests are running: their blocks are in use."""
     try:
         done = await request.app.state.frontend.backend.reset_prefix_cache()
-    except NotImplementedError as e:   # remote instances without vLLM's dev endpoint
+    except BackendRefused as e:   # remote instances without vLLM's dev endpoint
         raise APIError(409, str(e)) from None
     if not done:
         raise APIError(409, "the engine holds running requests' blocks; retry when it is idle")

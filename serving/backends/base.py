@@ -53,6 +53,11 @@ def stream_interval(setting: int, level: int, classes: PriorityClasses) -> int |
     return setting if setting > 1 and level > classes.most_urgent else None
 
 
+class BackendRefused(RuntimeError):
+    """A backend cannot do what an operator asked in its present setup; the message says
+    why (the API answers 409 with it)."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -49,7 +49,7 @@ from typing import AsyncIterator
 
 import httpx
 
-from serving.backends.base import GenRequest, TokenEvent, stream_interval
+from serving.backends.base import BackendRefused, GenRequest, TokenEvent, stream_interval
 from serving.backends.remote_instances import REFUSED, UP, Dispatch, RemoteInstance, Timing
 from serving.instance.fields import wire_xargs
 from triage.classes import PriorityClasses
@@ -501,7 +501,7 @@ class RemoteBackend:
             try:
                 r = await self._client.post(i.url + "/reset_prefix_cache", timeout=30.0)
                 if r.status_code == 404:
-                    raise NotImplementedError(f"instance {i.url} serves no /reset_prefix_cache "
+                    raise BackendRefused(f"instance {i.url} serves no /reset_prefix_cache "
                                               "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
                 done = done and r.status_code == 200 and bool(r.json().get("success", True))
             except (httpx.HTTPError, ValueError) as e:   # unreachable or not JSON: not emptied

@@ -29,9 +29,20 @@ def require_postgres() -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (Linux: 32768-60999): a server started
+    on it binds only after its engine is up, and an ephemeral port (vLLM's own sockets take
+    them meanwhile) could have been handed out again by then ("address already in use")."""
+    import random
+
+    for _ in range(500):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 # --- predictors ---------------------------------------------------------------------------

@@ -106,8 +106,7 @@ def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:
     repetition against its own start): tens of ms normally; a second means the machine
     itself stood still (a paused VM, a starved client), and every system's figures from
     that run are disturbed."""
-    sent = [r for r in results if r.sent]
-    if not sent or reps < 1 or len(results) % reps:
+    if not any(r.sent for r in results) or reps < 1 or len(results) % reps:
         return None
     k = len(results) // reps
     late = 0.0

@@ -221,7 +221,8 @@ def reset_prefix_cache(srv: Server, tries: int = 20) -> None:
     for _ in range(tries):
         try:
             r = httpx.post(url, headers=headers, timeout=30)
-            if r.status_code == 200 and r.json().get("success", r.json().get("reset")):
+            body = r.json() if r.status_code == 200 else {}
+            if body.get("success") or body.get("reset"):   # vLLM's answer, ours
                 return
         except (httpx.HTTPError, ValueError):
             pass

@@ -18,6 +18,11 @@ requests off a queue in micro-batches, with the two strategies of seed 004 (Sec.
 * "full": the worker waits until `max_batch` requests are queued or the oldest has waited
   `max_wait_ms`, then runs them together (fewer, larger batches).
 
+When more texts wait than one batch takes (a spike), the worker classifies them
+probably-urgent first (`predictors.queue_hint`: a cheap TF-IDF first stage ranks the
+backlog; `queue_hint=False` keeps arrival order), so an ESI-1 call does not wait for
+every earlier chat prompt to be classified before its level is known.
+
 Texts are never logged.
 """
 from __future__ import annotations
@@ -119,6 +124,7 @@ class _Item:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float
+    rank: int | None = None   # the queue hint's rank, set once the backlog exceeds a batch
 
 
 @dataclass
@@ -126,6 +132,7 @@ class ServiceStats:
     batches: int = 0
     requests: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    reordered: int = 0      # batches taken out of arrival order by the queue hint
 
 
 _STOP = object()
@@ -136,7 +143,8 @@ class PredictorService:
 
     def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
                  max_wait_ms: float = 10.0, threads: int = 2, runtime: str = "auto",
-                 urgency_dir: str | Path | None = None, length_dir: str | Path | None = None):
+                 urgency_dir: str | Path | None = None, length_dir: str | Path | None = None,
+                 queue_hint: bool = True):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if max_batch < 1 or max_wait_ms < 0:
@@ -149,6 +157,8 @@ class PredictorService:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.stats = ServiceStats()
+        self.queue_hint = queue_hint
+        self.hint = None        # predictors.queue_hint.QueueHint, built by the worker at start
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> "PredictorService":
@@ -202,29 +212,44 @@ class PredictorService:
             if self._predictor is None:
                 self._predictor = Predictor(**self._model_args)
             self._predictor.predict(["warm-up"])  # first call pays one-off allocation costs
+            if self.queue_hint:
+                from predictors.model import predictors_dir
+                from predictors.queue_hint import QueueHint
+
+                u = self._model_args["urgency_dir"]
+                self.hint = QueueHint.load_or_fit(Path(u).parent if u else predictors_dir())
         except BaseException as e:  # surfaced by start()
             self._error = e
             self._ready.set()
             return
         self._ready.set()
+        backlog: list[_Item] = []
         stop = False
         while not stop:
-            first = self._q.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            # immediate: take what is already queued; full: wait up to max_wait for more
-            deadline = first.enqueued + (self.max_wait_s if self.strategy == "full" else 0.0)
-            while len(batch) < self.max_batch:
-                remaining = deadline - time.perf_counter()
-                try:
-                    item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
-                except queue.Empty:
+            if not backlog:
+                first = self._q.get()
+                if first is _STOP:
                     break
-                if item is _STOP:
-                    stop = True
-                    break
-                batch.append(item)
+                backlog.append(first)
+            stop = self._take_queued(backlog)
+            if not stop and self.strategy == "full":
+                # full: wait up to max_wait (from the oldest) for a whole batch
+                deadline = min(b.enqueued for b in backlog) + self.max_wait_s
+                while len(backlog) < self.max_batch and not stop:
+                    remaining = deadline - time.perf_counter()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = self._q.get(timeout=remaining)
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                    else:
+                        backlog.append(item)
+            if len(backlog) > self.max_batch and self.hint is not None:
+                self._order(backlog)
+            batch, backlog = backlog[: self.max_batch], backlog[self.max_batch:]
             self._process(batch)
         # fail whatever is still queued
         while True:
@@ -233,7 +258,35 @@ class PredictorService:
             except queue.Empty:
                 break
             if item is not _STOP:
-                item.loop.call_soon_threadsafe(_set_exc, item.future, RuntimeError("predictor service closed"))
+                backlog.append(item)
+        for item in backlog:
+            item.loop.call_soon_threadsafe(_set_exc, item.future, RuntimeError("predictor service closed"))
+
+    def _take_queued(self, backlog: list[_Item]) -> bool:
+        """Move everything queued now into `backlog`; True when a stop was among it."""
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            backlog.append(item)
+
+    def _order(self, backlog: list[_Item]) -> None:
+        """Sort a backlog longer than a batch by (queue hint rank, arrival), in place."""
+        fresh = [b for b in backlog if b.rank is None]
+        try:
+            for b, r in zip(fresh, self.hint.rank([b.text for b in fresh])):
+                b.rank = r
+        except Exception:   # a broken hint must not stop classification: arrival order
+            log.exception("queue hint failed; classifying in arrival order")
+            self.hint = None
+            return
+        before = [id(b) for b in backlog[: self.max_batch]]
+        backlog.sort(key=lambda b: (b.rank, b.enqueued))
+        if [id(b) for b in backlog[: self.max_batch]] != before:
+            self.stats.reordered += 1
 
     def _process(self, batch: list[_Item]) -> None:
         self.stats.batches += 1

@@ -278,7 +278,8 @@ async def _start_predictor(s: Settings):
 
     d = Path(s.predictors_dir) if s.predictors_dir else None
     svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, runtime=s.predictor_runtime,
-                           urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None)
+                           urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None,
+                           queue_hint=s.predictor_queue_hint)
     try:
         await svc.start()
     except FileNotFoundError as e:

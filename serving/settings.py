@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     # remote backend (serving/backends/remote.py, docs/deploy.md)
     instances: str | None = None               # comma-separated URLs of `triage instance` servers
     router: str = "gorouting"                  # gorouting | min_load | pab | round_robin (triage.routing)
-    remote_poll_s: float = Field(0.25, gt=0)   # GET /triage/load (or /metrics) period
+    remote_poll_s: float = Field(0.25, gt=0)   # GET /triage/load (or /metrics) period while routing
+    remote_idle_poll_s: float = Field(1.0, gt=0)   # ... and after 1 s without a dispatch to the instance
     remote_down_after_s: float = Field(1.5, gt=0)   # no /health answer this long: out of rotation
     remote_max_stale_s: float = Field(2.0, gt=0)    # an older load snapshot is ignored (ledger only)
     remote_require_triage: bool = True         # refuse instances without our scheduler class
@@ -136,6 +137,7 @@ class Settings(BaseSettings):
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
+    predictor_queue_hint: bool = True   # classify a backlog probably-urgent first (predictors.queue_hint)
     # 2: a call's ONNX pass takes ~4.5 ms of both cores instead of ~5.6 ms of one; a 2-core CPU
     # engine, whose OpenMP threads wait for each other at every layer, stalls that much less
     # (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s in a burst)

@@ -153,7 +153,8 @@ class RemoteBackend:
             queue_order = "level" if pol_order == "level" or settings.policy in ("triage", "slidebatching") else "arrival"
 
         self.router.bind_policy(_Local)
-        timing = Timing(poll_s=settings.remote_poll_s, down_after_s=settings.remote_down_after_s,
+        timing = Timing(poll_s=settings.remote_poll_s, idle_poll_s=settings.remote_idle_poll_s,
+                        down_after_s=settings.remote_down_after_s,
                         max_stale_s=settings.remote_max_stale_s)
         self.instances = [RemoteInstance(i, u, self.profile.estimator(), timing) for i, u in enumerate(self.urls)]
         self.instance = "remote"

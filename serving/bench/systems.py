@@ -127,6 +127,7 @@ class EngineSizes:
     dtype: str = "float32"
     seed: int = 0
     prefix_caching: bool = True   # vLLM's default, on every system alike
+    eager: bool = False           # every system without torch.compile (--enforce-eager): quick starts, for smoke runs
 
 
 @dataclass
@@ -171,7 +172,7 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                     "TRIAGE_MAX_NUM_BATCHED_TOKENS": str(sizes.max_num_batched_tokens),
                     "TRIAGE_MAX_MODEL_LEN": str(sizes.max_model_len), "TRIAGE_KV_CACHE_GIB": str(sizes.kv_cache_gib),
                     "TRIAGE_PREFIX_CACHING": str(sizes.prefix_caching).lower(),
-                    "TRIAGE_MODEL": model,
+                    "TRIAGE_MODEL": model, "TRIAGE_ENGINE_ENFORCE_EAGER": str(sizes.eager).lower(),
                     # a benchmark's one client key sends every call: per-key abuse limits off
                     "TRIAGE_ROLE_LIMITS": BENCH_ROLE_LIMITS, **(triage_env or {})})
         return [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"], env
@@ -181,13 +182,15 @@ def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
                 "--max-model-len", str(sizes.max_model_len), "--max-num-seqs", str(sizes.max_num_seqs),
                 "--max-num-batched-tokens", str(sizes.max_num_batched_tokens), "--dtype", sizes.dtype,
                 "--block-size", str(sizes.block_size), _prefix_flag(sizes), "--seed", str(sizes.seed),
-                "--scheduling-policy", name.split("-", 1)[1], "--disable-uvicorn-access-log"], env
+                "--scheduling-policy", name.split("-", 1)[1], "--disable-uvicorn-access-log",
+                *(["--enforce-eager"] if sizes.eager else [])], env
     if name == "triage-instance":
         from serving.instance.launch import instance_command
 
         return instance_command(port, model=model, max_num_seqs=sizes.max_num_seqs,
                                 max_num_batched_tokens=sizes.max_num_batched_tokens,
-                                max_model_len=sizes.max_model_len, prefix_caching=sizes.prefix_caching), env
+                                max_model_len=sizes.max_model_len, prefix_caching=sizes.prefix_caching,
+                                extra=["--enforce-eager"] if sizes.eager else None), env
     raise BenchError(f"unknown system {name!r}; systems are {', '.join(SYSTEMS)}")
 
 

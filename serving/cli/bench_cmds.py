@@ -35,12 +35,14 @@ def bench_serve(
                                              "turn (fair on a VM whose speed drifts); off: each system's repetitions back to back")] = False,
     warm_cache: Annotated[bool, typer.Option(help="keep the prefix cache between repetitions (each repeat then finds its "
                                                   "prompts cached); off: emptied before each repetition, as new calls meet it")] = False,
+    eager: Annotated[bool, typer.Option(help="every system without torch.compile (--enforce-eager): starts in about "
+                                             "half the time on CPU; for smoke runs, the figures are the default's only where said")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
     from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
-    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name
+    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name, port_free
     from serving.cli.progress import progress_bar
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
@@ -56,17 +58,21 @@ def bench_serve(
     if requests < 1 or reps < 1 or spread < 0:
         raise typer.BadParameter("--requests and --reps must be >= 1, --spread >= 0")
     model = served_model_or_exit()
+    if not port_free(port):   # before the calls are classified and anything is started
+        typer.echo(f"error: port {port} is in use: stop what holds it or pass --port", err=True)
+        raise typer.Exit(1)
+    sizes = EngineSizes(eager=eager)
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-bench-"))
     try:
         calls, scale, auto = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale,
-                                            max_tokens_cap, seed, calibrate=live_calibration(port, tmp, model))
+                                            max_tokens_cap, seed, calibrate=live_calibration(port, tmp, model, eager))
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
     calls = with_predictions(calls)
     out = {"scenario": scenario, "trace": str(trace) if scenario == "trace" else None, "rate_scale": scale,
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
-           "texts": texts, "requests": len(calls), "reps": reps, "engine": EngineSizes().__dict__, "systems": {}}
+           "texts": texts, "requests": len(calls), "reps": reps, "engine": sizes.__dict__, "systems": {}}
     raw: dict = {}
     rounds = alternating(names, reps) if turns else [(None, name) for name in names]
     acc: dict[str, Turn] = {name: Turn() for name in names}
@@ -81,7 +87,7 @@ def bench_serve(
                     done[0] += 1
                     advance(done[0])
 
-                acc[name].add(run_turn(name, calls, n_reps, EngineSizes(), port=port, workdir=tmp, model=str(model),
+                acc[name].add(run_turn(name, calls, n_reps, sizes, port=port, workdir=tmp, model=str(model),
                                        on_done=tick, warm_cache=warm_cache))
             # each system's figures so far, after every turn: a run stopped later keeps them
             out["systems"][name], raw[name] = report_system(name, acc[name], tmp), acc[name].results
@@ -110,7 +116,7 @@ def served_model_or_exit() -> Path:
     return model
 
 
-def live_calibration(port: int, workdir: Path, model: Path) -> Callable[[list], float]:
+def live_calibration(port: int, workdir: Path, model: Path, eager: bool = False) -> Callable[[list], float]:
     """`calibrate` for scenario_calls: the calls' wall seconds on stock vLLM fcfs, started
     with the benchmark's engine sizes on the benchmark's port (then stopped)."""
     def run(calls: list) -> float:
@@ -118,7 +124,7 @@ def live_calibration(port: int, workdir: Path, model: Path) -> Callable[[list], 
         from serving.bench.systems import BenchError, EngineSizes
 
         typer.echo(f"rate scale auto: timing {len(calls)} calls on stock vLLM fcfs (today's machine speed)", err=True)
-        out, _ = run_system("vllm-fcfs", calls, 1, EngineSizes(), port=port, workdir=workdir / "calibration",
+        out, _ = run_system("vllm-fcfs", calls, 1, EngineSizes(eager=eager), port=port, workdir=workdir / "calibration",
                             model=str(model))
         if out["errors"] or not out["completed"]:
             raise BenchError(f"the calibration burst failed ({out['errors']} errors): see {workdir / 'calibration'}")

@@ -108,7 +108,7 @@ def bench_cluster(
     try:
         calls, scale, auto = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale,
                                             max_tokens_cap, seed, load_factor=instances,
-                                            calibrate=live_calibration(port, tmp, model))
+                                            calibrate=live_calibration(port, tmp, model, eager))
     except BenchError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

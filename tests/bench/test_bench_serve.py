@@ -142,17 +142,18 @@ def test_a_port_in_use_is_refused_before_anything_starts():
 @pytest.mark.engine
 @pytest.mark.slow
 def test_smoke_all_three_systems_complete_every_call(tmp_path):
-    """20 calls per system over HTTP (burst within 2 s): every call completes on each."""
+    """20 calls per system over HTTP (burst within 2 s): every call completes on each.
+    Every system eager (`--eager`: no torch.compile, a start in half the time here)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = subprocess.run(CLI + ["--scenario", "burst", "--requests", "20", "--spread", "2", "--max-tokens", "16",
-                              "--port", str(port), "--workdir", str(tmp_path), "--plot", str(tmp_path / "cdf.png"),
+                              "--eager", "--port", str(port), "--workdir", str(tmp_path), "--plot", str(tmp_path / "cdf.png"),
                               "--json"],
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(out["systems"]) == {"triage", "vllm-fcfs", "vllm-priority"}
+    assert set(out["systems"]) == {"triage", "vllm-fcfs", "vllm-priority"} and out["engine"]["eager"] is True
     for name, s in out["systems"].items():
         assert s["completed"] == 20 and s["errors"] == 0, (name, s["error_examples"])
         assert s["tokens_per_s"] > 0 and s["idle_ttft_ms"] > 0
@@ -284,7 +285,7 @@ def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch,
     assert r.returncode == 2 and "no_such_option" in r.stderr
 
 
-def test_triage_instance_is_stock_vllm_with_our_scheduler_fed_our_levels(tmp_path):
+def test_triage_instance_is_stock_vllm_with_our_scheduler_fed_our_levels(tmp_path, monkeypatch):
     """`triage-instance`: our engine half alone (what `triage instance` runs), with the same
     engine sizes as the other systems, and the calls' `priority` set from our classifier."""
     from serving.bench.systems import PRIORITY_FED, EngineSizes, check_system, command
@@ -307,6 +308,18 @@ def test_triage_instance_is_stock_vllm_with_our_scheduler_fed_our_levels(tmp_pat
     assert "--no-enable-prefix-caching" in command("vllm-fcfs", off, 8100, tmp_path, "/m")[0]
     assert command("triage", off, 8100, tmp_path, "/m")[1]["TRIAGE_PREFIX_CACHING"] == "false"
     assert set(PRIORITY_FED) == {"vllm-priority", "triage-instance"}
+    # --eager reaches every system alike: stock vLLM's flag, and our service's engine through its setting
+    eager = EngineSizes(eager=True)
+    assert "--enforce-eager" not in cmd and "--enforce-eager" not in stock
+    for name in ("vllm-fcfs", "vllm-priority", "triage-instance"):
+        assert "--enforce-eager" in command(name, eager, 8100, tmp_path, "/m")[0], name
+    from serving.backends.vllm_backend import VLLMBackend
+    from serving.settings import Settings
+    from triage.classes import load_classes
+
+    assert env["TRIAGE_ENGINE_ENFORCE_EAGER"] == "false"
+    monkeypatch.setenv("TRIAGE_ENGINE_ENFORCE_EAGER", command("triage", eager, 8100, tmp_path, "/m")[1]["TRIAGE_ENGINE_ENFORCE_EAGER"])
+    assert VLLMBackend(Settings(backend="vllm"), load_classes())._config().enforce_eager is True
 
 
 SIGTERM_BENCH = """

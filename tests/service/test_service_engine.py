@@ -52,7 +52,7 @@ class Cluster:
         self.engine = TriageEngine(EngineConfig(max_model_len=first.max_model_len, max_num_seqs=first.max_num_seqs,
                                                 max_num_batched_tokens=first.max_num_batched_tokens,
                                                 kv_cache_gib=first.kv_cache_gib, policy=first.policy,
-                                                profile=engine_profile(first.profile)))
+                                                profile=engine_profile(first.profile), enforce_eager=True))
         await self.engine.start()
         tasks = []
         for name, (s, keys, url) in self.configs.items():

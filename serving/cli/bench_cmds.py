@@ -42,7 +42,8 @@ def bench_serve(
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
     from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
-    from serving.bench.systems import SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name, port_free
+    from serving.bench.systems import (SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name,
+                                       require_free_port)
     from serving.cli.progress import progress_bar
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
@@ -58,10 +59,12 @@ def bench_serve(
     if requests < 1 or reps < 1 or spread < 0:
         raise typer.BadParameter("--requests and --reps must be >= 1, --spread >= 0")
     model = served_model_or_exit()
-    if not port_free(port):   # before the calls are classified and anything is started
-        typer.echo(f"error: port {port} is in use: stop what holds it or pass --port", err=True)
-        raise typer.Exit(1)
     sizes = EngineSizes(eager=eager)
+    try:
+        require_free_port(port)   # before the calls are classified and anything is started
+    except BenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="triage-bench-"))
     try:
         calls, scale, auto = scenario_calls(scenario, texts, requests, spread, max_tokens, trace, rate_scale,

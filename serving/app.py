@@ -251,7 +251,7 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     await backend.start()
     fe = app.state.frontend = Frontend(backend, classes, writer, metrics, max_queue=s.max_queue,
                                        max_inflight=s.max_inflight, retry_after_s=s.retry_after_s,
-                                       escalate_below=escalate_below,
+                                       escalate_below=escalate_below, stream_interval=s.stream_interval,
                                        max_requeues=s.engine_max_requeues)
     await fe.start()
     from serving.loop_watchdog import LoopWatchdog

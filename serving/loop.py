@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from serving.backends.base import GenRequest
+from serving.backends.base import GenRequest, stream_interval
 from serving.db.writer import AuditWriter, Record
 from serving.metrics import Metrics
 from triage.classes import ClassError, PriorityClasses
@@ -144,7 +144,7 @@ def new_request_id() -> str:
 class Frontend:
     def __init__(self, backend, classes: PriorityClasses, writer: AuditWriter, metrics: Metrics, *,
                  max_queue: int, max_inflight: int, retry_after_s: int = 2, max_requeues: int = 2,
-                 escalate_below: float | None = None) -> None:
+                 escalate_below: float | None = None, stream_interval: int = 1) -> None:
         self.backend = backend
         self.classes = classes
         self.escalate_below = escalate_below   # the urgency model's threshold in force (versioned with the classes)
@@ -154,6 +154,10 @@ class Frontend:
         self.max_inflight = max_inflight
         self.retry_after_s = retry_after_s
         self.max_requeues = max_requeues        # re-queues of one call after engine deaths
+        self.stream_interval = stream_interval  # tokens a chunk below the most urgent level (setting)
+        # the engine's time a token, as the streams see it: a moving average over every
+        # decoded chunk (its interval / its tokens); caps the chunks (backends.base.stream_interval)
+        self.token_s: float | None = None
         self.draining = False                   # SIGTERM: admit nothing new (serving/drain.py)
         self.arrivals: ArrivalBuffer[Job] = ArrivalBuffer()
         self.queue: DualHeap[Job] = DualHeap(key=lambda j: (j.level, j.predicted_output_len))
@@ -313,10 +317,15 @@ class Frontend:
         try:
             req = GenRequest(request_id=job.id, prompt=job.prompt, max_tokens=job.max_tokens, level=job.level,
                              ttft_slo=job.ttft_slo, tpot_slo=job.tpot_slo, predicted_output_len=job.predicted_output_len,
-                             arrival=job.arrival, prompt_tokens=job.prompt_tokens, sampling=dict(job.params))
+                             arrival=job.arrival, prompt_tokens=job.prompt_tokens, sampling=dict(job.params),
+                             stream_interval=stream_interval(self.stream_interval, job.level, self.classes,
+                                                             job.tpot_slo, self.token_s))
             async for ev in self.backend.generate(req):
                 now = time.time()
                 new = max(0, (ev.output_tokens or job.output_tokens + len(ev.token_ids)) - job.output_tokens)
+                if new and job.token_times:   # a decoded chunk: new tokens since the last one
+                    per_token = (now - job.token_times[-1]) / new
+                    self.token_s = per_token if self.token_s is None else 0.95 * self.token_s + 0.05 * per_token
                 if new:
                     job.token_times.extend([now] * new)
                     job.output_tokens += new

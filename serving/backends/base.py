@@ -45,12 +45,23 @@ class GenRequest:
     # ignore_eos, min_tokens, include_stop_str_in_output, skip_special_tokens,
     # spaces_between_special_tokens, and where set logit_bias and seed.
     sampling: dict = field(default_factory=dict)
+    # vLLM's per-request `stream_interval` (tokens a streamed chunk); None: every token.
+    # Decided by the front end (`stream_interval` below), passed on by each backend
+    stream_interval: int | None = None
 
 
-def stream_interval(setting: int, level: int, classes: PriorityClasses) -> int | None:
-    """vLLM's per-request `stream_interval` for a call at `level` (setting `stream_interval`):
-    None (every token) at the most urgent level or when the setting is 1."""
-    return setting if setting > 1 and level > classes.most_urgent else None
+def stream_interval(setting: int, level: int, classes: PriorityClasses, tpot_slo: float,
+                    token_s: float | None) -> int | None:
+    """The chunk size for a call at `level` (setting `stream_interval`): None (every token) at
+    the most urgent level or when the setting is 1; else the setting, cut so that a chunk
+    takes at most half the call's TPOT SLO at the engine's measured time a token `token_s`
+    (None: not measured yet). Fewer chunks cost the engine's output path, the instances'
+    HTTP servers and the front end less CPU a token (docs/deploy.md); the first and the last
+    token always go at once (vLLM)."""
+    if setting <= 1 or level <= classes.most_urgent:
+        return None
+    k = setting if not token_s else min(setting, int(tpot_slo / (2 * token_s)))
+    return k if k > 1 else None
 
 
 class BackendRefused(RuntimeError):

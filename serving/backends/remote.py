@@ -49,7 +49,7 @@ from typing import AsyncIterator
 
 import httpx
 
-from serving.backends.base import BackendRefused, GenRequest, TokenEvent, stream_interval
+from serving.backends.base import BackendRefused, GenRequest, TokenEvent
 from serving.backends.remote_instances import REFUSED, UP, Dispatch, RemoteInstance, Timing
 from serving.instance.fields import wire_xargs
 from triage.classes import PriorityClasses
@@ -381,9 +381,8 @@ class RemoteBackend:
                 "vllm_xargs": wire_xargs(request_id=req.request_id, level=req.level, ttft_slo=req.ttft_slo,
                                          tpot_slo=req.tpot_slo, predicted_output_len=max(1, req.predicted_output_len - done),
                                          waited_s=time.time() - req.arrival)}
-        k = stream_interval(self.settings.stream_interval, req.level, self.classes)
-        if k is not None:
-            body["stream_interval"] = k
+        if req.stream_interval is not None:
+            body["stream_interval"] = req.stream_interval
         for k, v in sampling.items():
             if k == "logit_bias":
                 v = {str(t): b for t, b in v.items()}

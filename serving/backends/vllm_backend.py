@@ -9,7 +9,7 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
-from serving.backends.base import GenRequest, TokenEvent, stream_interval
+from serving.backends.base import GenRequest, TokenEvent
 from triage.classes import PriorityClasses
 
 log = logging.getLogger(__name__)
@@ -142,9 +142,8 @@ class VLLMBackend:
         # the request's sampling keywords over the model's defaults (the API has already
         # merged them; a GenRequest built elsewhere still gets the model's decoding)
         sampling = {**self.sampling_defaults, **req.sampling}
-        k = stream_interval(self.settings.stream_interval, req.level, self.classes)
-        if k is not None:
-            sampling["stream_interval"] = k
+        if req.stream_interval is not None:
+            sampling["stream_interval"] = req.stream_interval
         async for ev in self.engine.generate(
                 req.request_id, req.prompt, max_tokens=req.max_tokens, level=req.level, ttft_slo=req.ttft_slo,
                 tpot_slo=req.tpot_slo, predicted_output_len=req.predicted_output_len, arrival=req.arrival,

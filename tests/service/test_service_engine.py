@@ -307,10 +307,10 @@ def test_generation_defaults_and_vllm_extensions_reach_the_engine(srv):
 
 
 def test_stream_interval_batches_tokens_below_the_most_urgent_level(srv):
-    """With `stream_interval` 4 a level-3 answer arrives in chunks of up to 4 tokens (the
-    first token alone, at once), while a level-1 answer still streams every token as it is
-    made; both are whole."""
-    settings = srv.app_obj.state.settings
+    """With `stream_interval` 4 (the default) a level-3 answer arrives in chunks of up to 4
+    tokens (the first token alone, at once), while a level-1 answer still streams every token
+    as it is made; both are whole; at 1 every call streams every token."""
+    fe = srv.app_obj.state.frontend
     c = httpx.Client(base_url=srv.url, headers=_h(srv, "operator"), timeout=120)
 
     def chunks(level: int) -> tuple[int, int]:
@@ -326,10 +326,13 @@ def test_stream_interval_batches_tokens_below_the_most_urgent_level(srv):
                     usage = obj.get("usage") or usage
         return n, usage["completion_tokens"]
 
-    settings.stream_interval = 4
+    assert fe.stream_interval == 4, "the default"
+    urgent, batched = chunks(1), chunks(3)
+    fe.stream_interval = 1
     try:
-        urgent, batched = chunks(1), chunks(3)
+        every = chunks(3)
     finally:
-        settings.stream_interval = 1
+        fe.stream_interval = 4
     assert urgent == (16, 16), urgent
     assert batched[1] == 16 and 2 <= batched[0] <= 6, batched   # 1 + 4 + 4 + 4 + 3, give or take the last
+    assert every == (16, 16), every

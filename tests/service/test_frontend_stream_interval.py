@@ -4,7 +4,7 @@ engine's measured time a token; the most urgent level streams every token."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 from serving.backends.base import stream_interval
 from serving.loop import Frontend, Job
@@ -22,13 +22,8 @@ def test_the_chunk_size_rule():
     assert stream_interval(4, 5, classes, 0.2, 0.1) is None, "one token per chunk: every token"
 
 
-@dataclass
-class _Pred:
-    level: int
-    predicted_level: int = 3
-    probs: tuple = ()
-    length_bucket: int = 0
-    length_tokens_estimate: int = 16
+def _pred(level: int) -> SimpleNamespace:
+    return SimpleNamespace(level=level, predicted_level=level, probs=(), length_bucket=0, length_tokens_estimate=16)
 
 
 class _Backend:
@@ -67,7 +62,7 @@ def test_the_front_end_measures_the_engine_and_sizes_each_calls_chunks():
 
         async def call(rid: str, level: int, tpot: float) -> None:
             job = Job(id=rid, seq=fe.next_seq(), endpoint="chat", prompt="p", prompt_tokens=4, max_tokens=20,
-                      prediction=_Pred(level), ttft_slo=5.0, tpot_slo=tpot)
+                      prediction=_pred(level), ttft_slo=5.0, tpot_slo=tpot)
             fe.submit(job)
             while not (await job.events.get()).finished:
                 pass

@@ -124,6 +124,14 @@ class TriageSettings:
         env = os.environ.get("TRIAGE_SCHEDULER_POLICY")
         if env and "policy" not in raw:
             raw["policy"] = env
+        params_env = os.environ.get("TRIAGE_POLICY_PARAMS")   # JSON, as the service's setting
+        if params_env and "policy_params" not in raw:
+            try:
+                raw["policy_params"] = json.loads(params_env)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"TRIAGE_POLICY_PARAMS is not JSON ({e}): e.g. '{{\"max_preemptions\": 1}}'") from None
+            if not isinstance(raw["policy_params"], dict):
+                raise ValueError("TRIAGE_POLICY_PARAMS must be a JSON object of policy options")
         log_env = os.environ.get("TRIAGE_STEP_LOG")   # e.g. /tmp/steps-{pid}.jsonl: one file per engine
         if log_env and "step_log" not in raw:
             raw["step_log"] = log_env.replace("{pid}", str(os.getpid()))

@@ -49,3 +49,21 @@ def test_flat_fields_reach_the_scheduler_and_the_load_snapshot():
     s.triage_control("relabel", {"id": "req-front-1", "level": 2})
     s.schedule()
     assert s.tstate.requests["chatcmpl-internal-1"].level == 2
+
+
+def test_an_instance_takes_policy_options_from_the_environment(monkeypatch):
+    """`TRIAGE_POLICY_PARAMS` (the service's setting, in JSON) reaches a `triage instance`'s
+    scheduler too, so an operator can set a policy option on every instance without
+    writing `--additional-config`; the config, where it names options, wins; a bad value
+    stops the start-up with a clear error."""
+    from types import SimpleNamespace
+
+    from serving.vllm_scheduler import TriageSettings
+
+    monkeypatch.setenv("TRIAGE_POLICY_PARAMS", '{"max_preemptions": 1}')
+    assert TriageSettings.from_vllm_config(SimpleNamespace(additional_config={})).policy_params == {"max_preemptions": 1}
+    named = SimpleNamespace(additional_config={"triage": {"policy_params": {"eta": 2.0}}})
+    assert TriageSettings.from_vllm_config(named).policy_params == {"eta": 2.0}
+    monkeypatch.setenv("TRIAGE_POLICY_PARAMS", "{max_preemptions: 1")
+    with pytest.raises(ValueError, match="TRIAGE_POLICY_PARAMS"):
+        TriageSettings.from_vllm_config(SimpleNamespace(additional_config={}))

@@ -8,9 +8,10 @@
 
 Systems take turns on the same machine, the same model, engine sizes and port; each is
 started, measured on an idle call (the first-token floor), loaded, and stopped. With
-`turns` (`--turns`), each repetition is a turn of its own: every system is started for
-repetition 1, then every system for repetition 2, ..., so a VM whose speed drifts over
-the minutes of a run (a shared host) charges the drift to every system alike.
+`turns` (the default; `--no-turns` runs each system's repetitions back to back), each
+repetition is a turn of its own: every system is started for repetition 1, then every
+system for repetition 2 in reverse order, ..., so a VM whose speed drifts over the minutes
+of a run (a shared host) charges the drift to every system alike.
 `vllm-priority` gets each call's `priority` from *our* classifier (computed once here):
 the strongest thing a user could assemble from stock vLLM and our predictor.
 `triage-instance` gets the same: `triage instance`, stock vLLM's server with our scheduler

@@ -31,8 +31,9 @@ def bench_serve(
     seed: int = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
-    turns: Annotated[bool, typer.Option(help="restart the systems for each repetition, the order reversed every other "
-                                             "turn (fair on a VM whose speed drifts); off: each system's repetitions back to back")] = False,
+    turns: Annotated[bool, typer.Option(help="systems take turns: each repetition starts every system again, the order "
+                                             "reversed every other turn, so a VM whose speed drifts charges every system "
+                                             "alike; --no-turns: each system's repetitions back to back (one start each)")] = True,
     warm_cache: Annotated[bool, typer.Option(help="keep the prefix cache between repetitions (each repeat then finds its "
                                                   "prompts cached); off: emptied before each repetition, as new calls meet it")] = False,
     eager: Annotated[bool, typer.Option(help="every system without torch.compile (--enforce-eager): each starts in about "
@@ -77,6 +78,7 @@ def bench_serve(
            "rate_scale_auto": auto, "spread_s": spread if scenario == "burst" else None, "slo_scale": slo_scale(),
            "texts": texts, "requests": len(calls), "reps": reps, "engine": sizes.__dict__, "systems": {}}
     raw: dict = {}
+    turns = turns and reps > 1   # one repetition: one start a system either way
     rounds = alternating(names, reps) if turns else [(None, name) for name in names]
     acc: dict[str, Turn] = {name: Turn() for name in names}
     try:

@@ -216,12 +216,14 @@ def test_calibration_burst_fills_every_seat_at_once():
     assert 1.0 < short < long
 
 
-@pytest.mark.parametrize("turns", [True, False])
-def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
-    """--turns: every system is started for repetition 1, then every system for repetition 2
-    in the reverse order (a VM whose speed drifts charges every system alike, within a turn
-    too); each system's report still pools all its repetitions. Without it each system runs
-    its repetitions back to back."""
+@pytest.mark.parametrize("flag", ["--turns", None, "--no-turns"])
+def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, flag):
+    """Systems take turns by default (issue 20: "systems taking turns"): every system is
+    started for repetition 1, then every system for repetition 2 in the reverse order (a VM
+    whose speed drifts charges every system alike, within a turn too); each system's report
+    still pools all its repetitions. With --no-turns each system runs its repetitions back
+    to back."""
+    turns = flag != "--no-turns"
     from typer.testing import CliRunner
 
     import serving.bench.serve as serve
@@ -240,13 +242,14 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
 
     monkeypatch.setattr(serve, "run_turn", fake_turn)
     args = ["bench", "serve", "--scenario", "burst", "--requests", "6", "--reps", "2", "--systems", "triage,vllm-fcfs",
-            "--workdir", str(tmp_path), "--json", "--turns" if turns else "--no-turns"]
+            "--workdir", str(tmp_path), "--json", *([flag] if flag else [])]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     want = ([("triage", 1), ("vllm-fcfs", 1), ("vllm-fcfs", 1), ("triage", 1)] if turns
             else [("triage", 2), ("vllm-fcfs", 2)])
     assert started == want
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["turns"] is turns
     for s in out["systems"].values():
         assert s["completed"] == 12 and s["cpu_s"] == ({"api": 2.0, "engine": 4.0} if turns else {"api": 1.0, "engine": 2.0})
     # each repetition's own figures, in the order run: the drift between turns shows
@@ -255,6 +258,32 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, turns):
         per_rep = out["systems"][name]["per_rep"]
         assert [r["wall_s"] for r in per_rep] == want_walls
         assert [r["tokens_per_s"] for r in per_rep] == [round(24 / w, 1) for w in want_walls]
+
+
+def test_one_repetition_starts_each_system_once(tmp_path, monkeypatch):
+    """With a single repetition there is nothing to take turns over: one start a system, in
+    the order given, and the report says no turns were taken."""
+    from typer.testing import CliRunner
+
+    import serving.bench.serve as serve
+    from serving.cli import app
+
+    started = []
+
+    def fake_turn(name, calls, reps, sizes, **kw):
+        started.append((name, reps))
+        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
+        t.results += [Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
+                             chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold) for c in calls]
+        t.walls.append(1.0)
+        return t
+
+    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    r = CliRunner().invoke(app, ["bench", "serve", "--scenario", "burst", "--requests", "6", "--systems",
+                                 "vllm-fcfs,triage", "--workdir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    assert started == [("vllm-fcfs", 1), ("triage", 1)]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["turns"] is False
 
 
 def test_a_triage_variant_carries_its_policy_options_to_the_service(monkeypatch, tmp_path):

@@ -216,6 +216,26 @@ def test_calibration_burst_fills_every_seat_at_once():
     assert 1.0 < short < long
 
 
+def _record_turns(monkeypatch) -> list:
+    """Replace bench serve's `run_turn` by one that records (system, repetitions) per start
+    and reports every call served; each start is a slower VM than the last (its wall)."""
+    import serving.bench.serve as serve
+
+    started: list = []
+
+    def fake_turn(name, calls, reps, sizes, **kw):
+        started.append((name, reps))
+        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
+        for c in calls * reps:
+            t.results.append(Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
+                                    chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
+        t.walls += [float(len(started))] * reps
+        return t
+
+    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    return started
+
+
 @pytest.mark.parametrize("flag", ["--turns", None, "--no-turns"])
 def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, flag):
     """Systems take turns by default (issue 20: "systems taking turns"): every system is
@@ -226,21 +246,9 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, flag):
     turns = flag != "--no-turns"
     from typer.testing import CliRunner
 
-    import serving.bench.serve as serve
     from serving.cli import app
 
-    started = []
-
-    def fake_turn(name, calls, reps, sizes, **kw):
-        started.append((name, reps))
-        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
-        for c in calls * reps:
-            t.results.append(Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
-                                    chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
-        t.walls += [float(len(started))] * reps     # each start a slower VM than the last
-        return t
-
-    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    started = _record_turns(monkeypatch)
     args = ["bench", "serve", "--scenario", "burst", "--requests", "6", "--reps", "2", "--systems", "triage,vllm-fcfs",
             "--workdir", str(tmp_path), "--json", *([flag] if flag else [])]
     r = CliRunner().invoke(app, args)
@@ -265,20 +273,9 @@ def test_one_repetition_starts_each_system_once(tmp_path, monkeypatch):
     the order given, and the report says no turns were taken."""
     from typer.testing import CliRunner
 
-    import serving.bench.serve as serve
     from serving.cli import app
 
-    started = []
-
-    def fake_turn(name, calls, reps, sizes, **kw):
-        started.append((name, reps))
-        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
-        t.results += [Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
-                             chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold) for c in calls]
-        t.walls.append(1.0)
-        return t
-
-    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    started = _record_turns(monkeypatch)
     r = CliRunner().invoke(app, ["bench", "serve", "--scenario", "burst", "--requests", "6", "--systems",
                                  "vllm-fcfs,triage", "--workdir", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output

@@ -213,6 +213,8 @@ class TriageScheduler(Scheduler):
         self._seq = 0
         self._pending_works: list[Work] | None = None
         self._t_sched_end = 0.0
+        self._step_rec: dict | None = None     # this step's step-log line, written once its output is in
+        self._t_exec0 = 0.0
         self._ape_sum = 0.0
         self._ape_n = 0
         self._recompute_only: set[str] = set()
@@ -384,7 +386,9 @@ class TriageScheduler(Scheduler):
         self._after_schedule(out, plan, victims, repaired, now)
         dt = time.perf_counter() - t0
         if self._step_log is not None:
-            self._write_step(now, plan, out.num_scheduled_tokens, sorted(out.preempted_req_ids), dt)
+            self._flush_step()   # a step vLLM never reported back (nothing ran)
+            self._step_rec = self._step_record(now, plan, out.num_scheduled_tokens, sorted(out.preempted_req_ids), dt)
+            self._t_exec0 = time.perf_counter()
         self.tstats.last_plan_s = dt
         self.tstats.plan_overhead_s_max = max(self.tstats.plan_overhead_s_max, dt)
         self._t_sched_end = self.clock()
@@ -457,10 +461,13 @@ class TriageScheduler(Scheduler):
                 not self.cache_config.enable_prefix_caching:
             self.tstats.kv_mismatches += 1
 
-    def _write_step(self, now: float, plan: BatchPlan, scheduled: dict, preempted: list[str], sched_s: float) -> None:
+    def _step_record(self, now: float, plan: BatchPlan, scheduled: dict, preempted: list[str], sched_s: float) -> dict:
         """One JSON line per step (setting `step_log`): what ran (client id, level, tokens,
-        prefill or decode), what was preempted, why and for whom, and the CPU time the
-        step's scheduling took (our plan and vLLM's schedule). No prompt text."""
+        prefill or decode), what was preempted, why and for whom, and where the step's time
+        went: `sched_ms` scheduling it (our plan and vLLM's schedule), `exec_ms` the model
+        (the executor, from the end of scheduling until its output came back), `update_ms`
+        taking the output in (vLLM's update and our bookkeeping). No prompt text. Written
+        when the step's output is in (`_flush_step`)."""
         st, cid = self.tstate, lambda rid: self._client_id.get(rid, rid)  # noqa: E731
         level = lambda rid: st.requests[rid].level if rid in st.requests else None  # noqa: E731
         why = {p.request_id: p for p in plan.preemptions}
@@ -477,9 +484,18 @@ class TriageScheduler(Scheduler):
                "predicted_s": round(plan.predicted_s, 4), "sched_ms": round(1000 * sched_s, 2), "stop": plan.stop,
                "running": len(self.running),
                "waiting": len(self.waiting), "ran": ran, "preempted": pre}
+        return rec
+
+    def _flush_step(self, exec_s: float | None = None, update_s: float | None = None) -> None:
+        rec, self._step_rec = self._step_rec, None
+        if rec is None:
+            return
+        if exec_s is not None:
+            rec["exec_ms"], rec["update_ms"] = round(1000 * exec_s, 2), round(1000 * update_s, 2)
         self._step_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output):
+        t_in = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self.clock()
         st = self.tstate
@@ -501,6 +517,8 @@ class TriageScheduler(Scheduler):
                 self._ape_sum += float(abs(predicted - real) / real)
                 self._ape_n += 1
             self._pending_works = None
+        if self._step_rec is not None:
+            self._flush_step(t_in - self._t_exec0, time.perf_counter() - t_in)
         return outputs
 
     def _sync(self, r: Request, req: VllmRequest, now: float) -> None:

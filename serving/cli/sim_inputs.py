@@ -131,15 +131,36 @@ def prompt_token_counter() -> Callable[[str], int]:
     return count
 
 
+BENCH_LENGTHS = "answer_lengths.json"   # in data/bench: `scripts/answer_lengths.py --bench`
+
+
+def text_key(text: str) -> str:
+    """A text's key in data/bench/answer_lengths.json (no text is stored there)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def answer_tokens(max_tokens: int) -> Callable[[str], int]:
-    """Text -> the output tokens the served model gives it at the served defaults: a
-    corpus text's length label (`data/triage/length_labels.jsonl`), capped at `max_tokens`;
-    any other text (bench serve's chat prompts) runs to the cap, as they do live."""
+    """Text -> the output tokens the served model gives it, capped at `max_tokens`:
+    measured at bench serve's own sampling (temperature 0 over the served defaults) for
+    every text bench serve sends (`data/bench/answer_lengths.json`, up to the cap it was
+    measured at); else a corpus text's length label (`data/triage/length_labels.jsonl`,
+    the served defaults); else the cap."""
     from predictors.corpus import load_corpus, load_length_labels
+    from triage.paths import data_dir
 
     labels = load_length_labels()
     by_text = {r["text"]: labels[r["id"]] for r in load_corpus() if r["id"] in labels}
-    return lambda text: max(1, min(by_text.get(text, max_tokens), max_tokens))
+    measured: dict[str, int] = {}
+    path = data_dir() / "bench" / BENCH_LENGTHS
+    if path.is_file():
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if max_tokens <= doc["measured_with"]["max_tokens"]:
+            measured = doc["lengths"]
+
+    def out(text: str) -> int:
+        n = measured.get(text_key(text))
+        return max(1, min(n if n is not None else by_text.get(text, max_tokens), max_tokens))
+    return out
 
 
 def burst_trace(texts: str, n: int, spread: float, *, seed: int = 0, max_tokens: int = 64,

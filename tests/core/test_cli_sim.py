@@ -174,6 +174,24 @@ def _served_model_ready() -> bool:
     return (state_dir() / "models" / "SmolLM2-135M-Instruct" / "tokenizer_config.json").exists()
 
 
+def test_a_simulated_burst_call_answers_as_long_as_it_does_live():
+    """Every text bench serve sends has its answer length measured at bench serve's own
+    sampling (temperature 0, `scripts/answer_lengths.py --bench`): the chat prompts no
+    longer all run to the cap in the simulator (live they average ~40 of 64 tokens)."""
+    from serving.bench.texts import data_dir, load_chat, load_pool
+    from serving.cli.sim_inputs import BENCH_LENGTHS, answer_tokens, text_key
+
+    doc = json.loads((data_dir() / "bench" / BENCH_LENGTHS).read_text())
+    assert doc["measured_with"]["overrides"] == {"temperature": 0.0} and doc["measured_with"]["max_tokens"] >= 64
+    texts = [t.text for t in load_pool("corpus-test")], [t.text for t in load_chat()]
+    assert all(text_key(t) in doc["lengths"] for group in texts for t in group)
+    out = answer_tokens(64)
+    chat = [out(t) for t in texts[1]]
+    assert 20 < sum(chat) / len(chat) < 60 and min(chat) < 64 <= max(chat)
+    assert max(answer_tokens(16)(t) for t in texts[1]) == 16
+    assert answer_tokens(64)("a text bench serve never sends") == 64
+
+
 @pytest.mark.skipif(not _served_model_ready(), reason="served model not prepared (its tokenizer counts the prompts)")
 def test_simulated_burst_prints_bench_serve_shape():
     """(--levels predicted runs our classifier on the burst's texts: the same path as
@@ -189,8 +207,8 @@ def test_simulated_burst_prints_bench_serve_shape():
     for lv in s["per_level"].values():
         assert {"n", "ttft_p50_ms", "ttft_p99_ms", "ttft_max_ms", "slo_attainment", "tpot_mean_ms"} <= set(lv)
     assert "accuracy" in s["classifier"] and d["truth"]["kind"] == "measured"
-    # by default each call produces what the served model answers it: dispatch texts their
-    # (short) length labels, chat prompts the 64-token cap; --output-tokens N: N each
+    # by default each call produces what the served model answers it (measured at bench
+    # serve's sampling, data/bench/answer_lengths.json); --output-tokens N: N each
     assert d["output_tokens"] == "answers" and 1 < d["output_tokens_per_call"] < 64
     fixed = _last_json(runner.invoke(app, ["simulate", "--scenario", "burst", "--requests", "20", "--spread", "1",
                                            "--texts", "corpus-test", "--levels", "noisy:0.2", "--output-tokens", "10",

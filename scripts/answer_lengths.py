@@ -10,6 +10,12 @@ split and over its dispatch texts alone. `--set KEY=VALUE` tries a candidate def
 top of the model's (e.g. `--set repetition_penalty=1.1`) before it is written into
 generation_config.json; the JSON says which were set.
 
+`--bench` measures the texts `triage bench serve --texts corpus-test` sends (the test
+split's dispatch texts and the chat prompts) at its own sampling (temperature 0 over the
+served defaults, max_tokens 64, the served system turn) and writes
+`data/bench/answer_lengths.json`, the real lengths `triage simulate --scenario burst` gives
+its calls (text hashes, no text).
+
 `--url URL --key KEY` measures the same through a running service's API instead: each
 text is posted as a chat completion that carries the user message and nothing else (no
 sampling field, no max_tokens, no system turn), as a client that sets nothing would, and
@@ -18,6 +24,7 @@ the answer's length is the response's `usage.completion_tokens`.
     nice -n 10 env HF_HUB_OFFLINE=1 .venv/bin/python scripts/answer_lengths.py [--split test] \
         [--corpus data/triage/corpus.jsonl] [--sample N] [--set ''] [--set repetition_penalty=1.1] [--out FILE]
     .venv/bin/python scripts/answer_lengths.py --url http://127.0.0.1:8000 --key CLIENT_KEY [--split test]
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/answer_lengths.py --bench --concurrency 32
 """
 from __future__ import annotations
 
@@ -197,7 +204,10 @@ def main() -> None:
         (report,), (results,) = asyncio.run(run(bench_rows(), max_tokens, a.concurrency, a.out,
                                                 [{"temperature": 0.0}], source={"texts": "bench serve, corpus-test"},
                                                 progress_every=50))
-        dest = Path(__file__).resolve().parents[1] / "data/bench/answer_lengths.json"
+        from serving.cli.sim_inputs import BENCH_LENGTHS
+        from triage.paths import data_dir
+
+        dest = data_dir() / "bench" / BENCH_LENGTHS
         write_bench_lengths(dest, report, results)
         print(json.dumps({**report, "written": str(dest)}))
         return

@@ -254,6 +254,10 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
                                        escalate_below=escalate_below, stream_interval=s.stream_interval,
                                        max_requeues=s.engine_max_requeues)
     await fe.start()
+    from serving.gc_heap import freeze_heap
+
+    if s.gc_freeze:   # before the loop watchdog starts: the freeze's collection is start-up, not a stall
+        freeze_heap("service started")   # as vLLM's own API server does (serving/gc_heap.py)
     from serving.loop_watchdog import LoopWatchdog
 
     app.state.watchdog = LoopWatchdog(threshold_s=s.loop_stall_warn_s,
@@ -265,10 +269,6 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
 
         app.state.supervisor = EngineSupervisor(backend, metrics, RestartLimits.from_settings(s),
                                                 on_up=fe.wake).start()
-    from serving.gc_heap import freeze_heap
-
-    if s.gc_freeze:
-        freeze_heap("service started")   # as vLLM's own API server does (serving/gc_heap.py)
     log.info("triage service ready: backend %s, database %s, classes v%d", backend.name,
              db.url.render_as_string(hide_password=True), classes.version)
 

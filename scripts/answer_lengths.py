@@ -94,7 +94,7 @@ def bench_rows() -> list[dict]:
     from serving.bench.texts import load_chat, load_pool
     from serving.cli.sim_inputs import text_key
 
-    return [{"id": text_key(t.text), "text": t.text, "kind": t.kind, "split": "bench"}
+    return [{"id": text_key(t.text), "text": t.text, "kind": t.kind}
             for t in load_pool("corpus-test") + load_chat()]
 
 
@@ -172,7 +172,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[1] / "data/triage/corpus.jsonl")
     ap.add_argument("--split", default="test")
-    ap.add_argument("--max-tokens", type=int, default=256, help="the service's default_max_tokens")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="default: 256, the service's default_max_tokens (--bench: 64, bench serve's)")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--out", type=Path, default=None, help="per-text results with the answer (JSONL)")
     ap.add_argument("--set", dest="configs", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -189,6 +190,8 @@ def main() -> None:
     ap.add_argument("--url", default=None, help="measure through this running service's API instead of an engine")
     ap.add_argument("--key", default=None, help="--url: a client API key")
     a = ap.parse_args()
+    if a.max_tokens is None:
+        a.max_tokens = 64 if a.bench else 256
     if a.url:
         if not a.key:
             ap.error("--url needs --key (a client key: `triage keys create --role client`)")
@@ -200,8 +203,7 @@ def main() -> None:
     if a.bench:
         if a.configs or a.systems or a.sample:
             ap.error("--bench measures bench serve's own calls: no --set/--system/--sample")
-        max_tokens = a.max_tokens if a.max_tokens != ap.get_default("max_tokens") else 64
-        (report,), (results,) = asyncio.run(run(bench_rows(), max_tokens, a.concurrency, a.out,
+        (report,), (results,) = asyncio.run(run(bench_rows(), a.max_tokens, a.concurrency, a.out,
                                                 [{"temperature": 0.0}], source={"texts": "bench serve, corpus-test"},
                                                 progress_every=50))
         from serving.cli.sim_inputs import BENCH_LENGTHS

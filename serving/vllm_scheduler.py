@@ -495,7 +495,7 @@ class TriageScheduler(Scheduler):
         self._step_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output):
-        t_in = time.perf_counter()
+        t_in = time.perf_counter() if self._step_rec is not None else 0.0   # timed only for the step log
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self.clock()
         st = self.tstate

@@ -1,0 +1,65 @@
+"""`triage steps FILE`: read a step log (setting `step_log`) — where a busy spell's engine
+steps and time went (serving/steplog_report.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from serving.cli.apps import app
+
+
+@app.command("steps")
+def steps(
+    path: Annotated[Path, typer.Argument(help="a step log: TRIAGE_STEP_LOG=FILE triage serve writes one")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="also draw the busy spell to this PNG")] = None,
+    idle_gap: Annotated[float, typer.Option(help="seconds without a step that end a busy spell")] = 1.0,
+) -> None:
+    """Where a busy spell's engine steps went: seats filling, steps until the queue emptied,
+    the tail, a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
+    reason, and each level's answer lengths. Client ids and levels only: a step log holds no text."""
+    import json
+
+    from serving.steplog_report import StepLogError, load, plot as draw, summarize
+
+    if idle_gap <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--idle-gap")
+    try:
+        rows = load(path)
+    except StepLogError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    rep = summarize(rows, idle_gap)
+    if plot is not None:
+        draw(rows, plot, idle_gap)
+    if as_json:
+        typer.echo(json.dumps(rep))
+        return
+    _print(rep, plot)
+
+
+def _print(rep: dict, plot: Optional[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    b, c, p = rep["busy"], rep["step_cost"], rep["preemptions"]
+    con = Console()
+    con.print(f"[bold]busy spell[/bold]: steps {b['first_step']}-{b['last_step']} ({b['steps']} of {rep['steps']} "
+              f"with work), {b['wall_s']:.2f} s; model {b['model_s']:.2f} s, scheduling {b['sched_s']:.2f} s, "
+              f"update {b['update_s']:.2f} s")
+    con.print(f"seats ({b['seats_seen']} at most) full after {b['seats_full_after']['steps']} steps "
+              f"({b['seats_full_after']['s']:.2f} s); queue empty after {b['steps_to_last_admission']} steps; "
+              f"tail {b['tail']['steps']} steps ({b['tail']['s']:.2f} s); {b['mean_running']} running a step on average; "
+              f"{b['decodes']} decodes, {b['prompt_tokens']} prompt tokens")
+    if c:
+        con.print(f"a step's model time ≈ {c['fixed_ms']} ms + {c['per_decode_ms']} ms a decode + "
+                  f"{c['per_prompt_token_ms']} ms a prompt token (residual s.d. {c['residual_sd_ms']} ms, {c['steps']} steps)")
+    con.print(f"preemptions: {p['n']}" + (f" (reasons {p['by_reason']}, modes {p['by_mode']})" if p["n"] else ""))
+    t = Table("level", "requests", "answer tokens, mean", "at the longest", "prompt tokens, mean")
+    for lvl, v in rep["levels"].items():
+        t.add_row(lvl, str(v["requests"]), str(v["mean_tokens"]), str(v["at_longest"]), str(v["mean_prompt_tokens"]))
+    con.print(t)
+    if plot is not None:
+        con.print(f"plot: {plot}")

@@ -1,0 +1,171 @@
+"""Read a step log (setting `step_log`, docs/preemption.md "See it happen") and say where a
+busy spell's steps and time went: how long the seats took to fill, how many steps ran
+until the queue emptied, how long the tail drained, what a step costs (a least-squares fit
+of the model time on decodes and prompt tokens), what was preempted and why, and each
+level's answer lengths. `triage steps FILE` prints it; `--plot` draws it.
+
+The busy spell is the stretch with a queue: from the step before the first that left a
+request waiting (unless an idle gap comes between them) to the last step before an idle gap (`idle_gap_s`, no step for that long)
+after the queue last held one. A log in which nothing ever waited is read whole.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+TRIM_SD = 2.5
+
+
+class StepLogError(ValueError):
+    """The file is not a step log this module can read (the message says why)."""
+
+
+def load(path: str | Path) -> list[dict]:
+    """The step records with work in them, in order. A partial last line (the log of a
+    running server) is skipped; a file with no step record is refused."""
+    p = Path(path)
+    if not p.is_file():
+        raise StepLogError(f"no step log at {p}")
+    rows = []
+    with p.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("ran"):
+                rows.append(rec)
+    if not rows:
+        raise StepLogError(f"{p} holds no step record with work in it (is it a step log? see docs/preemption.md)")
+    return rows
+
+
+def busy_window(rows: list[dict], idle_gap_s: float = 1.0) -> tuple[int, int]:
+    """(first, last) index of the busy spell (module docstring), inclusive."""
+    waited = [i for i, r in enumerate(rows) if r.get("waiting", 0) > 0]
+    if not waited:
+        return 0, len(rows) - 1
+    start, end = waited[0], waited[-1]
+    if start > 0 and rows[start]["t"] - rows[start - 1]["t"] < idle_gap_s:
+        start -= 1   # the step that admitted the first arrivals, unless an idle gap comes between
+    while end + 1 < len(rows) and rows[end + 1]["t"] - rows[end]["t"] < idle_gap_s:
+        end += 1
+    return start, end
+
+
+def _decodes(r: dict) -> int:
+    return sum(1 for x in r["ran"] if x[3] == "decode")
+
+
+def _prompt_tokens(r: dict) -> int:
+    return sum(x[2] for x in r["ran"] if x[3] != "decode")
+
+
+def step_cost(rows: list[dict]) -> dict | None:
+    """Model time a step (`exec_ms`) ~ fixed + per decode x decodes + per prompt token x
+    prompt tokens, fitted by least squares, refitted without the steps more than TRIM_SD
+    residual s.d. off (up to three rounds; `dropped` counts them: steps slowed by other work
+    on the same cores, such as the front end's classifier during an arrival spike); None
+    when the steps cannot separate the three."""
+    timed = [r for r in rows if r.get("exec_ms") is not None]
+    if len(timed) < 8:
+        return None
+    x = np.array([[1.0, _decodes(r), _prompt_tokens(r)] for r in timed])
+    y = np.array([r["exec_ms"] for r in timed], dtype=float)
+    if np.linalg.matrix_rank(x) < 3:
+        return None
+    keep = np.ones(len(y), dtype=bool)
+    for _ in range(3):   # steps slowed by other work on the cores (the front end in a spike) are dropped
+        coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+        resid = y - x @ coef
+        sd = float(np.std(resid[keep]))
+        trimmed = np.abs(resid) <= TRIM_SD * sd
+        if trimmed.sum() < 8 or np.linalg.matrix_rank(x[trimmed]) < 3 or (trimmed == keep).all():
+            break
+        keep = trimmed
+    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+    return {"fixed_ms": round(float(coef[0]), 2), "per_decode_ms": round(float(coef[1]), 3),
+            "per_prompt_token_ms": round(float(coef[2]), 3),
+            "residual_sd_ms": round(float(np.std((y - x @ coef)[keep])), 2), "steps": int(keep.sum()),
+            "dropped": int((~keep).sum())}
+
+
+def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
+    """The report `triage steps --json` prints (module docstring)."""
+    a, b = busy_window(rows, idle_gap_s)
+    w = rows[a:b + 1]
+    t0 = w[0]["t"]
+    seats = max(len(r["ran"]) for r in w)
+    full = next(i for i, r in enumerate(w) if len(r["ran"]) >= seats)
+    waited = [i for i, r in enumerate(w) if r.get("waiting", 0) > 0]
+    last_wait = waited[-1] if waited else 0
+    tokens, level, prompt = Counter(), {}, Counter()
+    for r in w:
+        for rid, lvl, k, kind in r["ran"]:
+            level[rid] = lvl
+            if kind == "decode":
+                tokens[rid] += 1
+            else:
+                prompt[rid] += k
+    by_level = defaultdict(list)
+    for rid, lvl in level.items():
+        by_level[lvl].append(tokens[rid] + 1)   # the first token comes with the prompt's last chunk
+    cap = max((n for ns in by_level.values() for n in ns), default=0)
+    pre = [p for r in w for p in r.get("preempted", [])]
+    return {
+        "steps": len(rows),
+        "busy": {
+            "first_step": w[0].get("step"), "last_step": w[-1].get("step"), "steps": len(w),
+            "wall_s": round(w[-1]["t"] - t0, 3),
+            "seats_seen": seats,
+            "seats_full_after": {"steps": full, "s": round(w[full]["t"] - t0, 3)},
+            "steps_to_last_admission": last_wait,
+            "tail": {"steps": len(w) - 1 - last_wait, "s": round(w[-1]["t"] - w[last_wait]["t"], 3)},
+            "mean_running": round(sum(len(r["ran"]) for r in w) / len(w), 2),
+            "decodes": sum(_decodes(r) for r in w), "prompt_tokens": sum(_prompt_tokens(r) for r in w),
+            "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
+            "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
+            "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
+        },
+        "step_cost": step_cost(w),   # the spell only: an idle engine's steps run slower (cold caches, clocks)
+        "preemptions": {"n": len(pre), "by_reason": dict(Counter(p.get("reason") for p in pre)),
+                        "by_mode": dict(Counter(p.get("mode") for p in pre))},
+        "levels": {str(lvl): {"requests": len(ns), "mean_tokens": round(sum(ns) / len(ns), 1),
+                              "at_longest": sum(1 for n in ns if n == cap),
+                              "mean_prompt_tokens": round(sum(prompt[r] for r in level if level[r] == lvl) / len(ns), 1)}
+                   for lvl, ns in sorted(by_level.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
+    }
+
+
+def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0) -> Path:
+    """PNG of the busy spell: requests running and waiting at each step, and each step's
+    model time; a preemption is a red mark."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a, b = busy_window(rows, idle_gap_s)
+    w = rows[a:b + 1]
+    t = np.array([r["t"] - w[0]["t"] for r in w])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, height_ratios=(2, 1))
+    top.step(t, [len(r["ran"]) for r in w], where="post", label="ran in the step")
+    top.step(t, [r.get("waiting", 0) for r in w], where="post", label="waiting")
+    pre = [(ti, len(r["ran"])) for ti, r in zip(t, w) if r.get("preempted")]
+    if pre:
+        top.scatter(*zip(*pre), color="red", marker="v", zorder=3, label="preemption")
+    top.set_ylabel("requests")
+    top.legend(loc="upper right")
+    bottom.bar(t, [r.get("exec_ms") or 0 for r in w], width=np.diff(t, append=t[-1]) * 0.9 if len(t) > 1 else 0.1,
+               align="edge", color="grey")
+    bottom.set_ylabel("model ms")
+    bottom.set_xlabel("seconds since the busy spell began")
+    fig.suptitle("engine steps (step log)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,124 @@
+"""`triage steps`: reading a step log written in the format of serving/vllm_scheduler.py
+(`_step_record`), here written by the test: a busy spell whose phases, step cost,
+preemptions and answer lengths are known."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+import serving.cli  # noqa: F401  (registers the commands)
+from serving.cli.apps import app
+from serving.steplog_report import busy_window, load, summarize
+
+FIXED, PER_DECODE, PER_TOKEN = 40.0, 2.5, 1.7
+runner = CliRunner()
+
+
+def _step(i: int, t: float, ran: list, waiting: int, preempted=(), slow_ms: float = 0.0) -> dict:
+    dec = sum(1 for x in ran if x[3] == "decode")
+    tok = sum(x[2] for x in ran if x[3] != "decode")
+    return {"step": i, "t": round(t, 4), "budget_s": 0.3, "predicted_s": 0.2, "sched_ms": 1.0, "stop": "time",
+            "running": len(ran), "waiting": waiting, "ran": ran, "preempted": list(preempted),
+            "exec_ms": FIXED + PER_DECODE * dec + PER_TOKEN * tok + slow_ms, "update_ms": 0.5}
+
+
+def _log(tmp_path, slow_steps=()):
+    """An idle call (2 steps), a 1.5 s gap, then a spell: 4 seats; 6 requests arrive at once
+    (levels 1, 1, 2, 5, 5, 5); two prompts a step; a level-5 request is preempted once for
+    the second level-1 call; the last admission at step 12; a 3-step tail."""
+    rows, t = [], 100.0
+    rows.append(_step(0, t, [["idle", 5, 20, "prefill"]], 0))
+    rows.append(_step(1, t + 0.05, [["idle", 5, 1, "decode"]], 0))
+    t += 1.6
+    lengths = {"a": 3, "b": 3, "c": 4, "d": 6, "e": 2, "f": 5}   # answer tokens (the first with the prompt)
+    level = {"a": 1, "b": 1, "c": 2, "d": 5, "e": 5, "f": 5}
+    order = ["d", "a", "b", "c", "e", "f"]                         # admission order
+    waiting, running, done, i = list(order), {}, {}, 2
+    pre_for = None
+    while waiting or running:
+        ran = [[r, level[r], 1, "decode"] for r in running]
+        for r in list(running):
+            running[r] += 1
+        started = []
+        while waiting and len(running) + len(started) < 4 and len(started) < 2:
+            started.append(waiting.pop(0))
+        if i == 3 and "d" in running:   # the level-5 'd' gives its seat to 'b'
+            pre_for = "d"
+        for r in started:
+            ran.append([r, level[r], 10, "prefill"])
+        for r in started:
+            running[r] = 1
+        for r in [r for r, n in running.items() if n >= lengths[r]]:
+            done[r] = running.pop(r)
+        pre = []
+        if pre_for:
+            pre = [{"id": "d", "level": 5, "reason": "seat", "for": "b", "for_level": 1, "mode": "recompute"}]
+            pre_for = None
+        rows.append(_step(i, t, ran, len(waiting), pre, slow_ms=500.0 if i in slow_steps else 0.0))
+        t += rows[-1]["exec_ms"] / 1000
+        i += 1
+    f = tmp_path / "steps.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 99, "t": 1', encoding="utf-8")  # a partial last line
+    return f, rows
+
+
+def test_the_busy_spell_starts_where_a_request_first_waited_and_its_phases_are_counted(tmp_path):
+    f, rows = _log(tmp_path)
+    got = load(f)
+    assert len(got) == len(rows)                        # the partial line is skipped
+    a, b = busy_window(got)
+    assert (a, b) == (2, len(rows) - 1)                 # the idle call before the 1.6 s gap is not in it
+    rep = summarize(got)["busy"]
+    last_wait = max(i for i, r in enumerate(rows[2:]) if r["waiting"] > 0)
+    assert rep["steps"] == len(rows) - 2
+    assert rep["steps_to_last_admission"] == last_wait
+    assert rep["tail"]["steps"] == len(rows) - 3 - last_wait
+    assert rep["seats_seen"] == 4
+    assert rep["decodes"] == sum(1 for r in rows[2:] for x in r["ran"] if x[3] == "decode")
+    assert rep["prompt_tokens"] == 60                   # six prompts of 10 tokens
+
+
+def test_the_step_cost_fit_recovers_the_model_and_drops_steps_slowed_by_other_work(tmp_path):
+    _, rows = _log(tmp_path)
+    # more steps of varied shape in the same spell (its tail), so the fit has something to separate
+    t0 = rows[-1]["t"]
+    extra = [_step(100 + k, t0 + 0.1 * (k + 1), [["x", 3, 1, "decode"]] * (k % 5 + 1) + [["y", 3, 7 * (k % 3), "prefill"]], 0)
+             for k in range(20)]
+    f = tmp_path / "more.jsonl"
+    slowed = dict(extra[4], exec_ms=extra[4]["exec_ms"] + 400)   # the classifier took a core
+    body = rows + extra[:4] + [slowed] + extra[5:]
+    f.write_text("".join(json.dumps(r) + "\n" for r in body), encoding="utf-8")
+    cost = summarize(load(f))["step_cost"]
+    assert cost["dropped"] >= 1
+    assert abs(cost["fixed_ms"] - FIXED) < 1e-6 and abs(cost["per_decode_ms"] - PER_DECODE) < 1e-3
+    assert abs(cost["per_prompt_token_ms"] - PER_TOKEN) < 1e-3 and cost["residual_sd_ms"] < 1e-6
+
+
+def test_preemptions_and_each_levels_answers_are_reported(tmp_path):
+    f, _ = _log(tmp_path)
+    rep = summarize(load(f))
+    assert rep["preemptions"] == {"n": 1, "by_reason": {"seat": 1}, "by_mode": {"recompute": 1}}
+    lv = rep["levels"]
+    assert lv["1"]["requests"] == 2 and lv["2"]["requests"] == 1 and lv["5"]["requests"] == 3
+    assert lv["1"]["mean_tokens"] == 3.0 and lv["5"]["at_longest"] == 1 and lv["5"]["mean_prompt_tokens"] == 10.0
+
+
+def test_the_command_prints_json_draws_a_png_and_refuses_what_is_not_a_step_log(tmp_path):
+    f, _ = _log(tmp_path)
+    png = tmp_path / "steps.png"
+    r = runner.invoke(app, ["steps", str(f), "--json", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["busy"]["seats_seen"] == 4 and rep["preemptions"]["n"] == 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "tail" in r.stdout and "preemptions: 1" in r.stdout
+    r = runner.invoke(app, ["steps", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2 and "no step log" in r.output
+    other = tmp_path / "audit.jsonl"
+    other.write_text('{"id": 1, "level": 2}\n', encoding="utf-8")
+    r = runner.invoke(app, ["steps", str(other)])
+    assert r.exit_code == 2 and "no step record" in r.output
+    r = runner.invoke(app, ["steps", str(f), "--idle-gap", "0"])
+    assert r.exit_code == 2 and "--idle-gap" in r.output

@@ -5,8 +5,9 @@ of the model time on decodes and prompt tokens), what was preempted and why, and
 level's answer lengths. `triage steps FILE` prints it; `--plot` draws it.
 
 The busy spell is the stretch with a queue: from the step before the first that left a
-request waiting (unless an idle gap comes between them) to the last step before an idle gap (`idle_gap_s`, no step for that long)
-after the queue last held one. A log in which nothing ever waited is read whole.
+request waiting (unless an idle gap comes between them) to the last step before an idle
+gap (`idle_gap_s` without a step) after the queue last held one. A log in which nothing
+ever waited is read whole.
 """
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-TRIM_SD = 2.5
+TRIM_SD = 2.5   # a step this many residual s.d. off the step-cost fit is left out of it
 
 
 class StepLogError(ValueError):

@@ -2,7 +2,8 @@
 busy spell's steps and time went: how long the seats took to fill, how many steps ran
 until the queue emptied, how long the tail drained, what a step costs (a least-squares fit
 of the model time on decodes and prompt tokens), what was preempted and why, and each
-level's answer lengths. `triage steps FILE` prints it; `--plot` draws it.
+level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
+follows one call instead (`follow`).
 
 The busy spell is the stretch with a queue: from the step before the first that left a
 request waiting (unless an idle gap comes between them) to the last step before an idle
@@ -169,3 +170,30 @@ def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+
+def follow(rows: list[dict], request_id: str) -> dict:
+    """One call through the log (`triage steps FILE --request ID`): its level, the steps its
+    prompt ran in, the step whose end brought its first token (the last prompt chunk before
+    its first decode), its decodes, the steps it was preempted in and for whom, and the calls
+    it displaced. StepLogError when the log never ran it."""
+    mine = [(r, x) for r in rows for x in r["ran"] if x[0] == request_id]
+    if not mine:
+        raise StepLogError(f"the log never ran {request_id!r}")
+    t0 = mine[0][0]["t"]
+    first_decode = next((k for k, (_, x) in enumerate(mine) if x[3] == "decode"), len(mine))
+    prompt_before = [r for r, x in mine[:first_decode] if x[3] != "decode"]   # none: the log began mid-answer
+    ft = prompt_before[-1] if prompt_before else None
+    pre = [(r, p) for r in rows for p in r.get("preempted", [])]
+    return {
+        "id": request_id, "level": mine[0][1][1], "first_step": mine[0][0].get("step"), "last_step": mine[-1][0].get("step"),
+        "prompt_steps": [{"step": r.get("step"), "tokens": x[2], "beside": len(r["ran"]) - 1} for r, x in mine if x[3] != "decode"],
+        "first_token": ft and {"step": ft.get("step"),   # out when that step's model time is over
+                               "s_after_first_step": round(ft["t"] + (ft.get("exec_ms") or 0) / 1000 - t0, 3)},
+        "decodes": sum(1 for _, x in mine if x[3] == "decode"),
+        "preempted": [{"step": r.get("step"), **{k: p.get(k) for k in ("reason", "for", "for_level", "mode")}}
+                      for r, p in pre if p.get("id") == request_id],
+        "displaced": [{"step": r.get("step"), **{k: p.get(k) for k in ("id", "level", "reason", "mode")}}
+                      for r, p in pre if p.get("for") == request_id],
+    }

@@ -16,21 +16,27 @@ def steps(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="also draw the busy spell to this PNG")] = None,
     idle_gap: Annotated[float, typer.Option(help="seconds without a step that end a busy spell")] = 1.0,
+    request: Annotated[Optional[str], typer.Option(help="follow one call instead: its client request id "
+                                                        "(X-Request-Id / the audit row's id)")] = None,
 ) -> None:
     """Where a busy spell's engine steps went: seats filling, steps until the queue emptied,
     the tail, a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
     reason, and each level's answer lengths. Client ids and levels only: a step log holds no text."""
     import json
 
-    from serving.steplog_report import StepLogError, load, plot as draw, summarize
+    from serving.steplog_report import StepLogError, follow, load, plot as draw, summarize
 
     if idle_gap <= 0:
         raise typer.BadParameter("must be above 0", param_hint="--idle-gap")
     try:
         rows = load(path)
+        one = follow(rows, request) if request is not None else None
     except StepLogError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    if one is not None:
+        typer.echo(json.dumps(one) if as_json else _one_call(one))
+        return
     rep = summarize(rows, idle_gap)
     if plot is not None:
         draw(rows, plot, idle_gap)
@@ -63,3 +69,17 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
     con.print(t)
     if plot is not None:
         con.print(f"plot: {plot}")
+
+
+def _one_call(c: dict) -> str:
+    ft = c["first_token"]
+    lines = [f"{c['id']} (level {c['level']}): steps {c['first_step']}-{c['last_step']}, {c['decodes']} decodes",
+             "prompt: " + ", ".join(f"step {p['step']} ({p['tokens']} tokens beside {p['beside']} others)"
+                                   for p in c["prompt_steps"]),
+             f"first token: end of step {ft['step']}, {ft['s_after_first_step']} s after its first step" if ft
+             else "first token: before the log began"]
+    lines += [f"preempted at step {p['step']} ({p['reason']}, {p['mode']}) for {p['for']} (level {p['for_level']})"
+              for p in c["preempted"]]
+    lines += [f"displaced {d['id']} (level {d['level']}) at step {d['step']} ({d['reason']}, {d['mode']})"
+              for d in c["displaced"]]
+    return "\n".join(lines)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import serving.cli  # noqa: F401  (registers the commands)
 from serving.cli.apps import app
-from serving.steplog_report import busy_window, load, summarize
+from serving.steplog_report import busy_window, follow, load, summarize
 
 FIXED, PER_DECODE, PER_TOKEN = 40.0, 2.5, 1.7
 runner = CliRunner()
@@ -122,3 +122,20 @@ def test_the_command_prints_json_draws_a_png_and_refuses_what_is_not_a_step_log(
     assert r.exit_code == 2 and "no step record" in r.output
     r = runner.invoke(app, ["steps", str(f), "--idle-gap", "0"])
     assert r.exit_code == 2 and "--idle-gap" in r.output
+
+
+def test_following_one_call_shows_its_prompt_its_first_token_and_what_it_displaced(tmp_path):
+    f, rows = _log(tmp_path)
+    b = follow(load(f), "b")
+    assert b["level"] == 1 and b["first_step"] == 3 and b["decodes"] == 2
+    assert b["prompt_steps"] == [{"step": 3, "tokens": 10, "beside": 3}]
+    step3 = next(r for r in rows if r["step"] == 3)
+    assert b["first_token"] == {"step": 3, "s_after_first_step": round(step3["exec_ms"] / 1000, 3)}
+    assert b["displaced"] == [{"step": 3, "id": "d", "level": 5, "reason": "seat", "mode": "recompute"}]
+    assert follow(load(f), "d")["preempted"] == [{"step": 3, "reason": "seat", "for": "b", "for_level": 1, "mode": "recompute"}]
+    r = runner.invoke(app, ["steps", str(f), "--request", "b"])
+    assert r.exit_code == 0 and "displaced d (level 5) at step 3" in r.stdout
+    r = runner.invoke(app, ["steps", str(f), "--request", "b", "--json"])
+    assert json.loads(r.stdout.strip().splitlines()[-1])["displaced"][0]["id"] == "d"
+    r = runner.invoke(app, ["steps", str(f), "--request", "nobody"])
+    assert r.exit_code == 2 and "never ran 'nobody'" in r.output

@@ -7,7 +7,7 @@ follows one call instead (`follow`).
 
 The busy spell is the stretch with a queue: from the step before the first that left a
 request waiting (unless an idle gap comes between them) to the last step before an idle
-gap (`idle_gap_s` without a step) after the queue last held one. A log in which nothing
+gap (`idle_gap_s` in which no step ran) after the queue last held one. A log in which nothing
 ever waited is read whole.
 """
 from __future__ import annotations
@@ -51,11 +51,19 @@ def busy_window(rows: list[dict], idle_gap_s: float = 1.0) -> tuple[int, int]:
     if not waited:
         return 0, len(rows) - 1
     start, end = waited[0], waited[-1]
-    if start > 0 and rows[start]["t"] - rows[start - 1]["t"] < idle_gap_s:
+    if start > 0 and _idle_before(rows, start) < idle_gap_s:
         start -= 1   # the step that admitted the first arrivals, unless an idle gap comes between
-    while end + 1 < len(rows) and rows[end + 1]["t"] - rows[end]["t"] < idle_gap_s:
+    while end + 1 < len(rows) and _idle_before(rows, end + 1) < idle_gap_s:
         end += 1
     return start, end
+
+
+def _idle_before(rows: list[dict], i: int) -> float:
+    """Seconds in which no step ran before step record i: from the end of the step before
+    it (its `t` is when it was scheduled, plus its model time) to i's `t`. A long step is
+    not an idle gap."""
+    prev = rows[i - 1]
+    return rows[i]["t"] - prev["t"] - (prev.get("exec_ms") or 0) / 1000
 
 
 def _decodes(r: dict) -> int:

@@ -139,3 +139,14 @@ def test_following_one_call_shows_its_prompt_its_first_token_and_what_it_displac
     assert json.loads(r.stdout.strip().splitlines()[-1])["displaced"][0]["id"] == "d"
     r = runner.invoke(app, ["steps", str(f), "--request", "nobody"])
     assert r.exit_code == 2 and "never ran 'nobody'" in r.output
+
+
+def test_a_long_step_is_not_an_idle_gap():
+    """A step's `t` is when it was scheduled: the 1.5-s prefill step that admitted the first
+    arrivals is followed 1.52 s later by the next, with no idle time between them."""
+    idle = _step(0, 0.0, [["idle", 5, 1, "decode"]], 0)
+    big = dict(_step(1, 3.0, [[r, 2, 40, "prefill"] for r in "abcd"], 0), exec_ms=1500.0)
+    rows = [idle, big, _step(2, 4.52, [[r, 2, 1, "decode"] for r in "abcd"], 2),
+            _step(3, 4.7, [[r, 2, 1, "decode"] for r in "abcd"], 0)]
+    assert busy_window(rows) == (1, 3)
+    assert summarize(rows)["busy"]["prompt_tokens"] == 160

@@ -88,19 +88,17 @@ def step_cost(rows: list[dict]) -> dict | None:
     if np.linalg.matrix_rank(x) < 3:
         return None
     keep = np.ones(len(y), dtype=bool)
-    for _ in range(3):   # steps slowed by other work on the cores (the front end in a spike) are dropped
+    for round_ in range(4):   # the fit, then up to three refits without the steps it leaves far off
         coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
         resid = y - x @ coef
         sd = float(np.std(resid[keep]))
         trimmed = np.abs(resid) <= TRIM_SD * sd
-        if trimmed.sum() < 8 or np.linalg.matrix_rank(x[trimmed]) < 3 or (trimmed == keep).all():
+        if round_ == 3 or trimmed.sum() < 8 or np.linalg.matrix_rank(x[trimmed]) < 3 or (trimmed == keep).all():
             break
         keep = trimmed
-    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
     return {"fixed_ms": round(float(coef[0]), 2), "per_decode_ms": round(float(coef[1]), 3),
-            "per_prompt_token_ms": round(float(coef[2]), 3),
-            "residual_sd_ms": round(float(np.std((y - x @ coef)[keep])), 2), "steps": int(keep.sum()),
-            "dropped": int((~keep).sum())}
+            "per_prompt_token_ms": round(float(coef[2]), 3), "residual_sd_ms": round(sd, 2),
+            "steps": int(keep.sum()), "dropped": int((~keep).sum())}
 
 
 def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
@@ -112,18 +110,19 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
     full = next(i for i, r in enumerate(w) if len(r["ran"]) >= seats)
     waited = [i for i, r in enumerate(w) if r.get("waiting", 0) > 0]
     last_wait = waited[-1] if waited else 0
-    tokens, level, prompt = Counter(), {}, Counter()
+    calls = defaultdict(lambda: [None, 1, 0])   # id -> [level, answer tokens, prompt tokens]
     for r in w:
         for rid, lvl, k, kind in r["ran"]:
-            level[rid] = lvl
+            c = calls[rid]
+            c[0] = lvl
             if kind == "decode":
-                tokens[rid] += 1
+                c[1] += 1   # from 1: the first token comes with the prompt's last chunk
             else:
-                prompt[rid] += k
+                c[2] += k
     by_level = defaultdict(list)
-    for rid, lvl in level.items():
-        by_level[lvl].append(tokens[rid] + 1)   # the first token comes with the prompt's last chunk
-    cap = max((n for ns in by_level.values() for n in ns), default=0)
+    for lvl, answer, prompt in calls.values():
+        by_level[lvl].append((answer, prompt))
+    cap = max((c[1] for c in calls.values()), default=0)
     pre = [p for r in w for p in r.get("preempted", [])]
     return {
         "steps": len(rows),
@@ -143,10 +142,10 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
         "step_cost": step_cost(w),   # the spell only: an idle engine's steps run slower (cold caches, clocks)
         "preemptions": {"n": len(pre), "by_reason": dict(Counter(p.get("reason") for p in pre)),
                         "by_mode": dict(Counter(p.get("mode") for p in pre))},
-        "levels": {str(lvl): {"requests": len(ns), "mean_tokens": round(sum(ns) / len(ns), 1),
-                              "at_longest": sum(1 for n in ns if n == cap),
-                              "mean_prompt_tokens": round(sum(prompt[r] for r in level if level[r] == lvl) / len(ns), 1)}
-                   for lvl, ns in sorted(by_level.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
+        "levels": {str(lvl): {"requests": len(cs), "mean_tokens": round(sum(a for a, _ in cs) / len(cs), 1),
+                              "at_longest": sum(1 for a, _ in cs if a == cap),
+                              "mean_prompt_tokens": round(sum(p for _, p in cs) / len(cs), 1)}
+                   for lvl, cs in sorted(by_level.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
     }
 
 
@@ -178,7 +177,6 @@ def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
-
 
 
 def follow(rows: list[dict], request_id: str) -> dict:

@@ -234,6 +234,12 @@ class RemoteInstance:
 
     # --- InstanceLoad ------------------------------------------------------------------------
     @property
+    def seats(self) -> int | None:
+        """The instance's max_num_seqs, from its last `/triage/load` (None before one)."""
+        n = (self.snapshot or {}).get("max_num_seqs")
+        return int(n) if n else None
+
+    @property
     def n_waiting(self) -> int:
         w, _, extra = self._view()
         mc = self._metrics_counts() if self.snapshot is None else None

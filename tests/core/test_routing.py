@@ -26,6 +26,7 @@ class FakeLoad:
     n_decoding: int = 0
     free_blocks: int = 1000
     prefill_tokens: int = 0
+    seats: int | None = None                  # max_num_seqs, where the instance reports it
     dec: list = field(default_factory=list)   # (slack, context, tpot)
     pre: list = field(default_factory=list)   # unfinished prefills: (slack, prompt, tpot)
     estimator: object = field(default_factory=PROFILE.estimator)
@@ -168,6 +169,51 @@ def test_gorouting_colocated_exec_counts_decodes_at_their_contexts_and_pd_uses_p
     assert g._phi(pre, dl1, tpot, 0.5, 0.0) == pytest.approx(0.5 + 2 * est.beta * est.t_c)   # φp
 
 
+@pytest.mark.parametrize("seat_aware", [True, False])
+def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(seat_aware):
+    """Two instances, every seat (4) held by a decode; instance 0 also holds 10 requests
+    queued 4.8 s ago. They wait for a seat, so the elapsed time must not be taken off their
+    prefill (the printed lag compensation lets them vanish: both instances then look alike
+    but for n_d·b_d). The new call goes to instance 1 although it runs 5 % slower (β 1.05);
+    with seat_aware=False, the rule as printed, to the instance with 10 calls waiting."""
+    g = make_router("gorouting", seat_aware=seat_aware)
+    pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4, estimator=PROFILE.estimator())]
+    pool[1].estimator.beta = 1.05
+    for load in pool:
+        for k in range(4):
+            r = req(f"d{load.index}{k}", level=5, prompt=50)
+            g.on_dispatch(r, load.index, 0.0, load)
+            g.on_first_token(r, load.index, 0.1)
+    for k in range(10):
+        g.on_dispatch(req(f"w{k}", level=5, prompt=50, arrival=0.2), 0, 0.2, pool[0])
+    new = req("new", level=5, prompt=50, arrival=5.0)
+    waiting = 10 * pool[0].estimator.prefill_time(50)
+    assert g.exec_time(pool[0], 5.0, new) == pytest.approx(
+        (waiting if seat_aware else 0.0) + 4 * pool[0].estimator.decode_time(50))
+    assert g.route(new, pool, 5.0) == (1 if seat_aware else 0)
+    # a decode that finishes frees a seat: the first queued request runs, and the 4.9 s since
+    # the queue's last update come off its prefill (all of it) and off no other
+    g.on_finish(req("d00", level=5, prompt=50), 0, 5.0)
+    if seat_aware:
+        assert g.exec_time(pool[0], 5.1, new) == pytest.approx(
+            waiting - pool[0].estimator.prefill_time(50) + 3 * pool[0].estimator.decode_time(50))
+
+
+def test_gorouting_less_urgent_decodes_do_not_hold_a_seat_against_an_urgent_request():
+    """Level view: a level-2 call waits behind the level-1 and -2 calls queued, and for seats
+    only behind decodes at least as urgent (the local policy evicts level-5 ones for it)."""
+    g = make_router("gorouting", view="level")
+    load = FakeLoad(0, seats=2)
+    for k in range(2):
+        r = req(f"d{k}", level=5, prompt=50)
+        g.on_dispatch(r, 0, 0.0, load)
+        g.on_first_token(r, 0, 0.1)
+    g.on_dispatch(req("u", level=1, prompt=50), 0, 0.2, load)
+    g.on_dispatch(req("lo", level=5, prompt=50), 0, 0.2, load)
+    assert g._ahead(load, req("new", level=2))[4] == 1           # the level-1 call has a seat
+    assert g._ahead(load, req("new5", level=5))[4] == 0          # behind two level-5 decodes: none
+
+
 def test_decode_pool_by_free_blocks():
     g = make_router("gorouting")
     dec = [FakeLoad(0, free_blocks=10), FakeLoad(1, free_blocks=500), FakeLoad(2, free_blocks=500)]
@@ -254,7 +300,7 @@ def test_gorouting_keeps_the_eta_floor_when_a_queued_request_is_overdue():
         n_tok = int(s / est.prefill_time(1000) * 1000)
         g.on_dispatch(req(f"w{i}", level=3, prompt=n_tok, arrival=99.0), i, 100.0, pool[i])
     new = req("new", level=2, prompt=500, arrival=100.0)     # ESI-2: TTFT SLO 4 s
-    _, dl1, _, tpot = g._ahead(pool[1], new)
+    _, dl1, _, tpot, _ = g._ahead(pool[1], new)
     assert (dl1 < 100.0).any()
     assert np.isfinite(g._phi(pool[1], dl1, tpot, 0.5, 100.0))
     picks = {g.route(new, pool, 100.0) for _ in range(8)}
@@ -322,7 +368,7 @@ def test_gorouting_gains_equal_the_request_by_request_sum_as_queues_grow_and_dra
             q = [r for r, _ in g._q(p).reqs.values() if view == "arrival" or r.level <= new.level]
             e = g.exec_time(p, now, new)
             e_req = e + p.estimator.prefill_time(new.need, new.computed)
-            _, dl1, w, tpot = g._ahead(p, new)
+            _, dl1, w, tpot, _ = g._ahead(p, new)
             assert g.estimate_gain(p, dl1, w, tpot, e, now) == pytest.approx(_reference_gain(g, p, q, e, now))
             post = g.estimate_gain(p, np.append(dl1, new.deadline(1)), np.append(w, new.weight),
                                    np.append(tpot, new.tpot_slo), e_req, now)

@@ -41,6 +41,7 @@ class InstanceLoad(Protocol):
     def prefill_tokens(self) -> int: ...        # tokens still to prefill (waiting + running prefills)
     def decodes(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, context, tpot)
     def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, prompt, tpot)
+    # optional: `seats` (int | None), the instance's max_num_seqs where known (gorouting's seat_aware)
 
 
 class StateLoad:
@@ -54,6 +55,10 @@ class StateLoad:
     @property
     def estimator(self) -> LatencyEstimator:
         return self.state.estimator
+
+    @property
+    def seats(self) -> int:
+        return self.state.limits.max_num_seqs
 
     @property
     def n_waiting(self) -> int:

@@ -53,6 +53,21 @@ instances, triage local policy, rate scale 0.4, seeds 0/1/2): the arrival view f
 0.2-0.8 % below min_load's TDG, the level view is above it at every seed
 (docs/policies.md).
 
+Seats (not in the seed; `seat_aware=False` is the rule as printed). The lag compensation
+assumes the queue is being prefilled. An instance whose seats (vLLM's max_num_seqs) are all
+held by decodes prefills nothing: the requests queued there wait for a seat. Subtracting the
+elapsed time from their prefill makes them vanish from EXEC within a fraction of a second.
+Routing between two full instances is then decided by n_d·b_d alone, that is by a few
+percent of online β or mean context, and not by how many requests wait on each. Measured
+live (2026-11-28, the 196-call burst on two one-core CPU instances of 32 seats): 106-107
+calls went to one instance and 89-90 to the other, 16 % more output tokens, and the busier
+one finished 4.6 s after the other (docs/deploy.md). With `seat_aware` (the default), where
+the instance reports its seats (`InstanceLoad.seats`: a live instance's `/triage/load`, a
+simulated engine's limits), only the first max(0, seats − decodes holding seats) queued
+prefills have the elapsed time taken off; the others count in full. Under the level view
+only decodes at least as urgent hold a seat against a request (a less urgent one is evicted
+for it).
+
 Fallback when no instance gains (Δmax ≤ 0: the request's first token misses everywhere):
 the seed's line 19 picks at random. Its co-located gain counts first tokens only and
 assumes decodes always meet their deadlines, but TDG also pays for decode tokens, and a
@@ -82,13 +97,14 @@ class _Queue:
     Python calls (measured: 400 queued requests, 2 instances, ~2 s of Python per wave on a
     loaded 2-core VM, which stalled the front end's event loop; docs/deploy.md)."""
 
-    __slots__ = ("reqs", "ts", "n_d", "ctx_d", "_cols")
+    __slots__ = ("reqs", "ts", "n_d", "ctx_d", "n_d_level", "_cols")
 
     def __init__(self) -> None:
         self.reqs: dict[str, tuple[Request, float]] = {}   # id -> (request, predicted prefill s)
         self.ts = 0.0
         self.n_d = 0        # requests in their decode phase
         self.ctx_d = 0      # Σ their contexts at first token (prompt length)
+        self.n_d_level: dict[int, int] = {}   # n_d by level (the seats a level's requests hold)
         self._cols: tuple[np.ndarray, ...] | None = None
 
     def add(self, req: Request, t: float) -> None:
@@ -120,7 +136,7 @@ class GoRouting(Router):
     FALLBACKS = ("least_loaded", "random")
 
     def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.9, seed: int = 0, view: str = "auto",
-                 eta: float = 0.1, fallback: str = "least_loaded") -> None:
+                 eta: float = 0.1, fallback: str = "least_loaded", seat_aware: bool = True) -> None:
         if view not in ("auto", "arrival", "level"):
             raise ValueError("view must be 'auto', 'arrival' or 'level'")
         if fallback not in self.FALLBACKS:
@@ -132,6 +148,7 @@ class GoRouting(Router):
         self.mu = mu                        # light: EXEC(p) < μ·TTFT_slo
         self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo (≥ 6/7: Fig. 8)
         self.eta = eta                      # Alg. 1 line 7: t_budget ≥ η (co-located φa)
+        self.seat_aware = seat_aware        # lag compensation only for prefills that hold a seat (docstring)
         self._rng = np.random.default_rng(seed)
         self._map: dict[int, _Queue] = {}   # PrefillQueueMap (plus n_d per instance)
 
@@ -147,22 +164,34 @@ class GoRouting(Router):
 
     def _ahead(self, p: InstanceLoad, req: Request | None) -> tuple[np.ndarray, ...]:
         """The columns (prefill s, first-token deadline, weight, TPOT SLO) of the queued
-        requests `req` waits behind."""
-        level, t, dl1, w, tpot = self._q(p).cols()
+        requests `req` waits behind, and how many of them can hold a seat now."""
+        q = self._q(p)
+        level, t, dl1, w, tpot = q.cols()
         if req is None or not self.by_level:
-            return t, dl1, w, tpot
+            return t, dl1, w, tpot, self._seated(p, len(t), q.n_d)
         m = level <= req.level
-        return t[m], dl1[m], w[m], tpot[m]
+        held = sum(n for lv, n in q.n_d_level.items() if lv <= req.level)   # less urgent decodes give way
+        return t[m], dl1[m], w[m], tpot[m], self._seated(p, int(m.sum()), held)
+
+    def _seated(self, p: InstanceLoad, n_queued: int, held: int) -> int:
+        """How many of `n_queued` requests can be prefilling now: all of them, unless the
+        instance's seats (`p.seats`, vLLM's max_num_seqs, where known) are held by `held` decodes."""
+        seats = getattr(p, "seats", None) if self.seat_aware and p.role != "prefill" else None
+        return n_queued if seats is None else min(n_queued, max(0, int(seats) - held))
 
     # --- ESTIMATEEXEC and ESTIMATEGAIN ---------------------------------------------------------
     def exec_time(self, p: InstanceLoad, now: float, req: Request | None = None) -> float:
         """ESTIMATEEXEC(p): the predicted prefill time of the queue `req` waits behind, less
         the time since the queue's last update; on a co-located instance plus n_d·b_d."""
-        return self._exec(p, self._ahead(p, req)[0], now)
+        a = self._ahead(p, req)
+        return self._exec(p, a[0], now, a[4])
 
-    def _exec(self, p: InstanceLoad, t: np.ndarray, now: float) -> float:
+    def _exec(self, p: InstanceLoad, t: np.ndarray, now: float, seated: int | None = None) -> float:
+        """`seated`: only the first `seated` prefills of `t` run now; the time since ts_p is
+        not taken off the others (they wait for a seat), None: all of them run."""
         q = self._q(p)
-        e = max(0.0, float(t.sum()) - (now - q.ts)) if len(t) else 0.0
+        k = len(t) if seated is None else seated
+        e = max(0.0, float(t[:k].sum()) - (now - q.ts)) + float(t[k:].sum()) if len(t) else 0.0
         if p.role != "prefill" and q.n_d:
             e += q.n_d * p.estimator.decode_time(q.ctx_d // q.n_d)        # + n_d·b_d
         return e
@@ -188,8 +217,8 @@ class GoRouting(Router):
         n = len(pool)
         deltas, execs, execs_req = [], [], []
         for p in pool:
-            t, dl1, w, tpot = self._ahead(p, req)
-            e = self._exec(p, t, now)
+            t, dl1, w, tpot, seated = self._ahead(p, req)
+            e = self._exec(p, t, now, seated)
             e_req = e + p.estimator.prefill_time(req.need, req.computed)
             pre = self.estimate_gain(p, dl1, w, tpot, e, now)                              # line 4
             post = self.estimate_gain(p, np.append(dl1, req.deadline(1)), np.append(w, req.weight),
@@ -226,6 +255,7 @@ class GoRouting(Router):
             q.ts = now
         q.n_d += 1
         q.ctx_d += req.prompt_len
+        q.n_d_level[req.level] = q.n_d_level.get(req.level, 0) + 1
 
     def on_finish(self, req: Request, instance: int, now: float) -> None:
         q = self._map.setdefault(instance, _Queue())
@@ -234,3 +264,6 @@ class GoRouting(Router):
         elif q.n_d > 0:
             q.n_d -= 1
             q.ctx_d = max(0, q.ctx_d - req.prompt_len)
+            lv = req.level if q.n_d_level.get(req.level) else next((k for k, v in q.n_d_level.items() if v > 0), None)
+            if lv is not None:   # (another level: the request was relabelled while it decoded)
+                q.n_d_level[lv] -= 1

@@ -175,7 +175,8 @@ def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(sea
     queued 4.8 s ago. They wait for a seat, so the elapsed time must not be taken off their
     prefill (the printed lag compensation lets them vanish: both instances then look alike
     but for n_d·b_d). The new call goes to instance 1 although it runs 5 % slower (β 1.05);
-    with seat_aware=False, the rule as printed, to the instance with 10 calls waiting."""
+    with seat_aware=False, the rule as printed, the instance with 10 calls waiting looks
+    the lighter one."""
     g = make_router("gorouting", seat_aware=seat_aware)
     pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4, estimator=PROFILE.estimator())]
     pool[1].estimator.beta = 1.05
@@ -190,7 +191,10 @@ def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(sea
     waiting = 10 * pool[0].estimator.prefill_time(50)
     assert g.exec_time(pool[0], 5.0, new) == pytest.approx(
         (waiting if seat_aware else 0.0) + 4 * pool[0].estimator.decode_time(50))
-    assert g.route(new, pool, 5.0) == (1 if seat_aware else 0)
+    if seat_aware:
+        assert g.route(new, pool, 5.0) == 1
+    else:
+        assert g.exec_time(pool[0], 5.0, new) < g.exec_time(pool[1], 5.0, new)
     # a decode that finishes frees a seat: the first queued request runs, and the 4.9 s since
     # the queue's last update come off its prefill (all of it) and off no other
     g.on_finish(req("d00", level=5, prompt=50), 0, 5.0)
@@ -212,6 +216,33 @@ def test_gorouting_less_urgent_decodes_do_not_hold_a_seat_against_an_urgent_requ
     g.on_dispatch(req("lo", level=5, prompt=50), 0, 0.2, load)
     assert g._ahead(load, req("new", level=2))[4] == 1           # the level-1 call has a seat
     assert g._ahead(load, req("new5", level=5))[4] == 0          # behind two level-5 decodes: none
+
+
+def test_gorouting_spreads_urgent_calls_between_instances_it_cannot_tell_apart():
+    """Two light instances whose EXECs differ by less than one step's fixed cost (here by
+    β 1.00 against 1.02): an ESI-1 call goes to the one with fewer calls at least as urgent
+    in flight, not to the lowest index; a clear difference in EXEC still decides."""
+    g = make_router("gorouting", view="level")
+    pool = [FakeLoad(0), FakeLoad(1, estimator=PROFILE.estimator())]
+    pool[1].estimator.beta = 1.02
+    for load in pool:
+        for k in range(3):
+            r = req(f"d{load.index}{k}", level=5, prompt=50)
+            g.on_dispatch(r, load.index, 0.0, load)
+            g.on_first_token(r, load.index, 0.1)
+    for k in range(2):                                       # instance 0 already serves two ESI-1 calls
+        r = req(f"u{k}", level=1, prompt=50)
+        g.on_dispatch(r, 0, 0.0, pool[0])
+        g.on_first_token(r, 0, 0.1)
+    for k in range(2):                                       # instance 1 as many, at ESI-5
+        r = req(f"v{k}", level=5, prompt=50)
+        g.on_dispatch(r, 1, 0.0, pool[1])
+        g.on_first_token(r, 1, 0.1)
+    new = req("new", level=1, prompt=50, arrival=1.0)
+    assert 0 < g.exec_time(pool[1], 1.0, new) - g.exec_time(pool[0], 1.0, new) < PROFILE.estimator().t_c
+    assert g.route(new, pool, 1.0) == 1
+    g.on_dispatch(req("big", level=1, prompt=3000, arrival=1.0), 1, 1.0, pool[1])   # now 1 is clearly busier
+    assert g.route(req("next", level=1, prompt=50, arrival=1.0), pool, 1.0) == 0
 
 
 def test_decode_pool_by_free_blocks():

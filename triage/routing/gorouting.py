@@ -68,6 +68,13 @@ prefills have the elapsed time taken off; the others count in full. Under the le
 only decodes at least as urgent hold a seat against a request (a less urgent one is evicted
 for it).
 
+Line 13 among instances it cannot tell apart (not in the seed): light instances whose EXECs
+are within one step's fixed cost (β·t_c) of the least count as equally idle, and the one
+with the fewest requests at least as urgent in flight (queued or decoding) gets the request.
+Under the level view an ESI-1 call waits behind ESI-1 prefills only, so between two instances
+with none queued the seed's argmin fell to n_d·b_d and the lowest index: live, 21-22 of a
+burst's 35 ESI-1 calls went to one of two instances (docs/deploy.md).
+
 Fallback when no instance gains (Δmax ≤ 0: the request's first token misses everywhere):
 the seed's line 19 picks at random. Its co-located gain counts first tokens only and
 assumes decodes always meet their deadlines, but TDG also pays for decode tokens, and a
@@ -235,12 +242,27 @@ class GoRouting(Router):
         slo = req.ttft_slo
         light = [i for i in cands if execs[i] < self.mu * slo]            # line 10
         heavy = {i for i in cands if execs_req[i] > self.lam * slo}       # line 11
-        if light:
-            return min(light, key=lambda i: (execs[i], i))                # line 13
+        if light:                                                         # line 13
+            return self._most_idle(req, [pool[i] for i in light], [execs[i] for i in light], light)
         rest = [i for i in cands if i not in heavy]
         if rest:
             return max(rest, key=lambda i: (execs[i], -i))                # line 15
         return min(cands, key=lambda i: (execs[i], i))                    # line 17
+
+    def _most_idle(self, req: Request, loads: Sequence[InstanceLoad], execs: list[float], idx: list[int]) -> int:
+        """Line 13's argmin EXEC, where EXECs within one step's fixed cost of the least
+        (what the estimate cannot tell apart) count as equal: among those, the instance
+        with the fewest requests at least as urgent as `req` in flight (queued or decoding),
+        so that a wave of urgent calls spreads instead of queueing on the lowest index."""
+        m = min(execs)
+        near = [k for k, p in enumerate(loads) if execs[k] <= m + p.estimator.beta * p.estimator.t_c]
+        if len(near) == 1:
+            return idx[near[0]]
+
+        def urgent(p: InstanceLoad) -> int:
+            q = self._q(p)
+            return int((q.cols()[0] <= req.level).sum()) + sum(n for lv, n in q.n_d_level.items() if lv <= req.level)
+        return idx[min(near, key=lambda k: (urgent(loads[k]), execs[k], idx[k]))]
 
     # --- PrefillQueueMap upkeep --------------------------------------------------------------------
     def on_dispatch(self, req: Request, instance: int, now: float, load: InstanceLoad | None = None) -> None:

@@ -169,6 +169,14 @@ def test_gorouting_colocated_exec_counts_decodes_at_their_contexts_and_pd_uses_p
     assert g._phi(pre, dl1, tpot, 0.5, 0.0) == pytest.approx(0.5 + 2 * est.beta * est.t_c)   # φp
 
 
+def _decoding(g, load, n, level=5, tag="d"):
+    """`n` requests at `level` dispatched to `load` and past their first token."""
+    for k in range(n):
+        r = req(f"{tag}{load.index}{k}", level=level, prompt=50)
+        g.on_dispatch(r, load.index, 0.0, load)
+        g.on_first_token(r, load.index, 0.1)
+
+
 @pytest.mark.parametrize("seat_aware", [True, False])
 def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(seat_aware):
     """Two instances, every seat (4) held by a decode; instance 0 also holds 10 requests
@@ -178,13 +186,10 @@ def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(sea
     with seat_aware=False, the rule as printed, the instance with 10 calls waiting looks
     the lighter one."""
     g = make_router("gorouting", seat_aware=seat_aware)
-    pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4, estimator=PROFILE.estimator())]
+    pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4)]
     pool[1].estimator.beta = 1.05
     for load in pool:
-        for k in range(4):
-            r = req(f"d{load.index}{k}", level=5, prompt=50)
-            g.on_dispatch(r, load.index, 0.0, load)
-            g.on_first_token(r, load.index, 0.1)
+        _decoding(g, load, 4)
     for k in range(10):
         g.on_dispatch(req(f"w{k}", level=5, prompt=50, arrival=0.2), 0, 0.2, pool[0])
     new = req("new", level=5, prompt=50, arrival=5.0)
@@ -208,10 +213,7 @@ def test_gorouting_less_urgent_decodes_do_not_hold_a_seat_against_an_urgent_requ
     only behind decodes at least as urgent (the local policy evicts level-5 ones for it)."""
     g = make_router("gorouting", view="level")
     load = FakeLoad(0, seats=2)
-    for k in range(2):
-        r = req(f"d{k}", level=5, prompt=50)
-        g.on_dispatch(r, 0, 0.0, load)
-        g.on_first_token(r, 0, 0.1)
+    _decoding(g, load, 2)
     g.on_dispatch(req("u", level=1, prompt=50), 0, 0.2, load)
     g.on_dispatch(req("lo", level=5, prompt=50), 0, 0.2, load)
     assert g._ahead(load, req("new", level=2))[4] == 1           # the level-1 call has a seat
@@ -223,21 +225,12 @@ def test_gorouting_spreads_urgent_calls_between_instances_it_cannot_tell_apart()
     β 1.00 against 1.02): an ESI-1 call goes to the one with fewer calls at least as urgent
     in flight, not to the lowest index; a clear difference in EXEC still decides."""
     g = make_router("gorouting", view="level")
-    pool = [FakeLoad(0), FakeLoad(1, estimator=PROFILE.estimator())]
+    pool = [FakeLoad(0), FakeLoad(1)]
     pool[1].estimator.beta = 1.02
     for load in pool:
-        for k in range(3):
-            r = req(f"d{load.index}{k}", level=5, prompt=50)
-            g.on_dispatch(r, load.index, 0.0, load)
-            g.on_first_token(r, load.index, 0.1)
-    for k in range(2):                                       # instance 0 already serves two ESI-1 calls
-        r = req(f"u{k}", level=1, prompt=50)
-        g.on_dispatch(r, 0, 0.0, pool[0])
-        g.on_first_token(r, 0, 0.1)
-    for k in range(2):                                       # instance 1 as many, at ESI-5
-        r = req(f"v{k}", level=5, prompt=50)
-        g.on_dispatch(r, 1, 0.0, pool[1])
-        g.on_first_token(r, 1, 0.1)
+        _decoding(g, load, 3)
+    _decoding(g, pool[0], 2, level=1, tag="u")               # instance 0 already serves two ESI-1 calls
+    _decoding(g, pool[1], 2, level=5, tag="v")               # instance 1 as many, at ESI-5
     new = req("new", level=1, prompt=50, arrival=1.0)
     assert 0 < g.exec_time(pool[1], 1.0, new) - g.exec_time(pool[0], 1.0, new) < PROFILE.estimator().t_c
     assert g.route(new, pool, 1.0) == 1

@@ -114,6 +114,10 @@ class _Queue:
         self.n_d_level: dict[int, int] = {}   # n_d by level (the seats a level's requests hold)
         self._cols: tuple[np.ndarray, ...] | None = None
 
+    def decoding_upto(self, level: int) -> int:
+        """Requests decoding here at `level` or more urgent."""
+        return sum(n for lv, n in self.n_d_level.items() if lv <= level)
+
     def add(self, req: Request, t: float) -> None:
         self.reqs[req.id] = (req, t)
         self._cols = None
@@ -177,7 +181,7 @@ class GoRouting(Router):
         if req is None or not self.by_level:
             return t, dl1, w, tpot, self._seated(p, len(t), q.n_d)
         m = level <= req.level
-        held = sum(n for lv, n in q.n_d_level.items() if lv <= req.level)   # less urgent decodes give way
+        held = q.decoding_upto(req.level)       # less urgent decodes give way
         return t[m], dl1[m], w[m], tpot[m], self._seated(p, int(m.sum()), held)
 
     def _seated(self, p: InstanceLoad, n_queued: int, held: int) -> int:
@@ -261,7 +265,7 @@ class GoRouting(Router):
 
         def urgent(p: InstanceLoad) -> int:
             q = self._q(p)
-            return int((q.cols()[0] <= req.level).sum()) + sum(n for lv, n in q.n_d_level.items() if lv <= req.level)
+            return int((q.cols()[0] <= req.level).sum()) + q.decoding_upto(req.level)
         return idx[min(near, key=lambda k: (urgent(loads[k]), execs[k], idx[k]))]
 
     # --- PrefillQueueMap upkeep --------------------------------------------------------------------

@@ -104,15 +104,19 @@ class _Queue:
     Python calls (measured: 400 queued requests, 2 instances, ~2 s of Python per wave on a
     loaded 2-core VM, which stalled the front end's event loop; docs/deploy.md)."""
 
-    __slots__ = ("reqs", "ts", "n_d", "ctx_d", "n_d_level", "_cols")
+    __slots__ = ("reqs", "ts", "ctx_d", "n_d_level", "_cols")
 
     def __init__(self) -> None:
         self.reqs: dict[str, tuple[Request, float]] = {}   # id -> (request, predicted prefill s)
         self.ts = 0.0
-        self.n_d = 0        # requests in their decode phase
-        self.ctx_d = 0      # Σ their contexts at first token (prompt length)
-        self.n_d_level: dict[int, int] = {}   # n_d by level (the seats a level's requests hold)
+        self.ctx_d = 0      # Σ the contexts at first token (prompt length) of the requests decoding
+        self.n_d_level: dict[int, int] = {}   # requests in their decode phase, by level (the seats they hold)
         self._cols: tuple[np.ndarray, ...] | None = None
+
+    @property
+    def n_d(self) -> int:
+        """Requests in their decode phase."""
+        return sum(self.n_d_level.values())
 
     def decoding_upto(self, level: int) -> int:
         """Requests decoding here at `level` or more urgent."""
@@ -203,8 +207,9 @@ class GoRouting(Router):
         q = self._q(p)
         k = len(t) if seated is None else seated
         e = max(0.0, float(t[:k].sum()) - (now - q.ts)) + float(t[k:].sum()) if len(t) else 0.0
-        if p.role != "prefill" and q.n_d:
-            e += q.n_d * p.estimator.decode_time(q.ctx_d // q.n_d)        # + n_d·b_d
+        n_d = q.n_d
+        if p.role != "prefill" and n_d:
+            e += n_d * p.estimator.decode_time(q.ctx_d // n_d)            # + n_d·b_d
         return e
 
     def _phi(self, p: InstanceLoad, dl1: np.ndarray, tpot: np.ndarray, exec_s: float, now: float) -> float:
@@ -279,7 +284,6 @@ class GoRouting(Router):
         q = self._map.setdefault(instance, _Queue())
         if q.pop(req.id):
             q.ts = now
-        q.n_d += 1
         q.ctx_d += req.prompt_len
         q.n_d_level[req.level] = q.n_d_level.get(req.level, 0) + 1
 
@@ -288,7 +292,6 @@ class GoRouting(Router):
         if q.pop(req.id):
             q.ts = now
         elif q.n_d > 0:
-            q.n_d -= 1
             q.ctx_d = max(0, q.ctx_d - req.prompt_len)
             lv = req.level if q.n_d_level.get(req.level) else next((k for k, v in q.n_d_level.items() if v > 0), None)
             if lv is not None:   # (another level: the request was relabelled while it decoded)

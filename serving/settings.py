@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     remote_down_after_s: float = Field(1.5, gt=0)   # no /health answer this long: out of rotation
     remote_max_stale_s: float = Field(2.0, gt=0)    # an older load snapshot is ignored (ledger only)
     remote_require_triage: bool = True         # refuse instances without our scheduler class
+    remote_steal: bool = True                  # a call waiting for a seat moves to a free one (triage.routing.rebalance)
 
     # database
     db_url: str | None = None                  # default: sqlite:///<state dir>/triage.db

@@ -94,9 +94,10 @@ class InstancesFull(RuntimeError):
 
 
 class _Retry(Exception):
-    def __init__(self, why: str, full: bool = False) -> None:
+    def __init__(self, why: str, full: bool = False, moved: bool = False) -> None:
         super().__init__(why)
         self.full = full
+        self.moved = moved      # taken off a seat-bound instance for a free seat elsewhere (rebalance)
 
 
 @dataclass
@@ -161,6 +162,8 @@ class RemoteBackend:
         self.dispatch = Dispatch()
         self._where: dict[str, RemoteInstance] = {}
         self._aborted: set[str] = set()
+        self._moving: dict[str, int] = {}   # id -> the instance it is being moved to (rebalance)
+        self._moved: set[str] = set()       # ids moved once (they stay where they went)
         self._responses: dict[str, httpx.Response] = {}
         self._client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task] = []
@@ -237,6 +240,8 @@ class RemoteBackend:
             self._tasks.append(asyncio.create_task(i.health_loop(poll, model, self.settings.remote_require_triage),
                                                    name=f"health-{i.index}"))
             self._tasks.append(asyncio.create_task(i.load_loop(poll), name=f"load-{i.index}"))
+        if self.settings.remote_steal and len(self.instances) > 1:
+            self._tasks.append(asyncio.create_task(self._rebalance_loop(), name="rebalance"))
         log.info("remote backend: router %s over %d instances (%d in rotation)", self.router_name,
                  len(self.instances), sum(i.available for i in self.instances))
 
@@ -277,8 +282,10 @@ class RemoteBackend:
                        weight=c.weight if c else 1.0, predicted_output_len=max(1, req.predicted_output_len),
                        output_len=req.max_tokens)
 
-    def _pick(self, r: Request, now: float, avoid: set[int] = frozenset()) -> RemoteInstance | None:
+    def _pick(self, r: Request, now: float, avoid: set[int] = frozenset(), only: int | None = None) -> RemoteInstance | None:
         pool = [i for i in self.instances if i.available and i.full_until <= now]
+        if only is not None and (to := next((i for i in pool if i.index == only), None)) is not None:
+            return to               # a move: rebalance chose the instance
         pool = [i for i in pool if i.index not in avoid] or pool   # a resumption goes elsewhere if it can
         if not pool:
             return None
@@ -297,9 +304,11 @@ class RemoteBackend:
         started_at = time.time()
         urgent = req.level <= self.classes.most_urgent
         prog = _Progress(prompt_tokens=req.prompt_tokens)
+        move_to = None
         while True:
             now = time.time()
-            inst = self._pick(r, now, prog.failed_on)
+            inst = self._pick(r, now, prog.failed_on, move_to)
+            move_to = None
             if inst is None:
                 up = [i for i in self.instances if i.available]
                 if not up and now - started_at < NO_INSTANCE_WAIT_S:   # one may rejoin (a slow /health)
@@ -331,6 +340,12 @@ class RemoteBackend:
                 if req.request_id in self._aborted:
                     yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", req.prompt_tokens, 0)
                     return
+                if e.moved:
+                    move_to = self._moving.pop(req.request_id, None)   # (it stays in _moved: it moves once)
+                    self.dispatch.moved += 1
+                    if self._m:
+                        self._m["rerouted"].labels("seat_move").inc()
+                    continue
                 if e.full:
                     inst.full_until = time.time() + inst.timing.full_backoff_s
                     inst.counters["refused_503"] += 1
@@ -368,6 +383,8 @@ class RemoteBackend:
                 self.router.on_finish(r, inst.index, t)
                 self._responses.pop(req.request_id, None)
                 self._aborted.discard(req.request_id)
+                if move_to is None:
+                    self._moved.discard(req.request_id)
 
     def _body(self, req: GenRequest, prog: _Progress) -> dict:
         """The instance's /v1/completions body; with `prog` holding tokens already sent, the
@@ -446,6 +463,7 @@ class RemoteBackend:
                         if total > n_out and n_out == 0:
                             self.router.on_first_token(r, inst.index, now)
                         n_out = max(n_out, total)
+                        r.generated = base + n_out      # the router's remaining-tokens estimate
                         inst.on_token(req.request_id, n_out, now)
                         if not (ids or text or fin):
                             continue
@@ -458,17 +476,54 @@ class RemoteBackend:
             if req.request_id in self._aborted:
                 yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prog.prompt_tokens, prog.n_out)
                 return
+            self._was_moved(req.request_id, inst, n_out, prog)
             raise (_Retry("the stream ended without a finish reason") if n_out == 0 else InstanceLost(
                 f"engine instance {inst.url} ended the stream after {prog.n_out} tokens without finishing"))
         except (httpx.TransportError, httpx.StreamError) as e:
             if req.request_id in self._aborted:
                 yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prog.prompt_tokens, prog.n_out)
                 return
+            self._was_moved(req.request_id, inst, n_out, prog)
             why = f"{type(e).__name__} from {inst.url}"
             if n_out == 0:
                 raise _Retry(why) from None
             inst.mark_down(why)
             raise InstanceLost(f"engine instance {inst.url} failed after {prog.n_out} tokens ({type(e).__name__})") from None
+
+    def _was_moved(self, rid: str, inst: RemoteInstance, n_out: int, prog: _Progress) -> None:
+        """The stream to `inst` was closed by `_rebalance_loop`: go to the free seat (a
+        token that came back meanwhile makes it a resumption there)."""
+        if rid not in self._moving:
+            return
+        if n_out == 0:
+            raise _Retry(f"moved off {inst.url} to a free seat", moved=True) from None
+        self._moving.pop(rid, None)
+        raise InstanceLost(f"moved off {inst.url} after {prog.n_out} tokens") from None
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.instances[0].timing.poll_s)
+            await self.rebalance_once()
+
+    async def rebalance_once(self) -> int:
+        """Seat stealing (triage.routing.rebalance), run every poll period: calls waiting for
+        a seat on a seat-bound instance move to an instance with a free seat and nothing
+        queued. The stream to the old instance is closed (vLLM aborts the call, which had
+        nothing computed) and `generate` dispatches it to the new one. Returns the moves."""
+        from triage.routing.rebalance import seat_moves
+
+        now = time.time()
+        pool = [i for i in self.instances if i.available and i.full_until <= now]
+        n = 0
+        for rid, _src, dst in seat_moves(pool, now, self._moved) if len(pool) > 1 else ():
+            resp = self._responses.get(rid)
+            if resp is None or rid in self._aborted:
+                continue
+            self._moved.add(rid)
+            self._moving[rid] = dst
+            await resp.aclose()
+            n += 1
+        return n
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

@@ -279,6 +279,16 @@ class RemoteInstance:
         return (sum(x["need"] for x in w) + sum(x["need"] for x in r if x["need"] > 1)
                 + sum(s.req.prompt_len for s in extra if s.first is None))
 
+    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float]]:
+        """This front end's calls the last snapshot lists as waiting with nothing computed
+        and no token back yet: (id, level, first-token slack, seconds since sent here);
+        triage.routing.rebalance."""
+        w, _, _ = self._view()
+        age = now - self.snap_at
+        return [(x["id"], int(x["level"]), x["slack_s"] - age, now - s.at) for x in w
+                if not x["computed"] and not x["generated"] and (s := self.sent.get(x["id"])) is not None
+                and s.first is None]
+
     def decodes(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         _, r, extra = self._view()
         age = now - self.snap_at
@@ -391,11 +401,12 @@ class Dispatch:
     routed: int = 0
     rerouted: int = 0        # sent again elsewhere before any token (instance down or full)
     resumed: int = 0         # broke after tokens, went on on another instance
+    moved: int = 0           # waited for a seat, moved to a free one (triage.routing.rebalance)
     lost_midstream: int = 0  # ended with an error event after tokens had been sent
     refused_503: int = 0
     by_instance: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"routed": self.routed, "rerouted": self.rerouted, "resumed": self.resumed,
+        return {"routed": self.routed, "rerouted": self.rerouted, "resumed": self.resumed, "moved": self.moved,
                 "lost_midstream": self.lost_midstream,
                 "refused_503": self.refused_503, "by_instance": dict(self.by_instance)}

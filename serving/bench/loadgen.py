@@ -1,10 +1,19 @@
 """The load generator: streaming chat completions posted at planned offsets, timed at
 the client (send, first content token, every chunk, end), as a user of either server
 would see them. One `Call` in, one `Result` out; errors are results, never exceptions.
+
+The generator runs inside the bench process, whose heap (the classifier that labelled the
+calls, the plotting and report code) is large: a full garbage collection in the middle of a
+burst stopped it for 0.23-0.6 s (measured with a gc callback, 2026-11-28), posting the calls
+planned meanwhile all at once, a wave no real set of callers sends (`client_late_max_ms` 592-624
+ms in runs against our front end, whose chunks allocate more, 30-34 ms against stock vLLM).
+`run_calls` therefore collects and freezes the heap before its first call, as vLLM's and our
+own API servers do after start-up (serving/gc_heap.py), and unfreezes it after the last.
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -110,12 +119,29 @@ async def _one(client: httpx.AsyncClient, call: Call, body: dict, t0: float) -> 
     return res
 
 
+_running = 0   # run_calls in progress (bench cluster runs one per stock instance at once)
+
+
 async def run_calls(url: str, key: str | None, model: str, calls: list[Call], *, send_priority: bool = False,
                     temperature: float = 0.0, timeout_s: float = 900.0,
                     on_done: Callable[[Result], None] | None = None) -> list[Result]:
     """Post every call at its offset (concurrently), return results in call order."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     limits = httpx.Limits(max_connections=len(calls) + 8, max_keepalive_connections=len(calls) + 8)
+    global _running
+    if not _running:
+        gc.collect()
+        gc.freeze()   # the bench's own heap out of the collections a burst's allocations trigger
+    _running += 1
+    try:
+        return await _run(url, headers, limits, calls, model, send_priority, temperature, timeout_s, on_done)
+    finally:
+        _running -= 1
+        if not _running:
+            gc.unfreeze()
+
+
+async def _run(url, headers, limits, calls, model, send_priority, temperature, timeout_s, on_done) -> list[Result]:
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=30.0),
                                  limits=limits) as client:
         t0 = time.perf_counter() + 0.2

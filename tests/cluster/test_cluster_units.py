@@ -5,6 +5,7 @@ URL validation, and one router class shared with the simulator."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -255,3 +256,87 @@ def test_a_resumed_request_asks_the_next_instance_for_the_rest_only():
     # ids missing for some of the sent tokens: no resumption (it would repeat or skip text)
     assert not _Progress(prompt_ids=[1], out_ids=[9], n_out=2).resumable
     assert not _Progress(prompt_ids=[1], out_ids=[], n_out=0).resumable
+
+
+async def _completions_server(seen: list[str], closed: asyncio.Event, tokens: int | None):
+    """A real HTTP server for POST /v1/completions: with `tokens`, streams that many SSE
+    chunks and [DONE]; with None, holds the call (waiting for a seat) until the client
+    closes the connection, then sets `closed` (vLLM aborts such a call)."""
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        seen.append((await reader.readexactly(n)).decode())
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        if tokens is None:
+            await reader.read()                     # EOF: the front end closed the stream
+            closed.set()
+        else:
+            for k in range(tokens):
+                fin = "length" if k == tokens - 1 else None
+                chunk = {"choices": [{"text": f"t{k} ", "token_ids": [100 + k], "finish_reason": fin}],
+                         "usage": {"prompt_tokens": 6, "completion_tokens": k + 1}}
+                writer.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            writer.write(b"data: [DONE]\n\n")
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_a_call_waiting_for_a_seat_moves_to_an_instance_with_a_free_one():
+    """Instance 0 is seat-bound (1 seat, held) and lists our call as waiting, nothing
+    computed, for a second; instance 1 has two free seats and nothing queued. The rebalance closes the
+    stream to instance 0 (which sees the abort), the call is sent to instance 1 and the
+    client gets its whole answer from there; instance 0 stays in rotation (a move is no
+    fault), and the call moves once."""
+    from serving.backends.base import GenRequest
+    from serving.backends.remote import RemoteBackend
+    from serving.settings import Settings
+    from triage.classes import load_classes
+
+    async def run():
+        seen0, seen1 = [], []
+        closed0, closed1 = asyncio.Event(), asyncio.Event()
+        s0 = await _completions_server(seen0, closed0, None)
+        s1 = await _completions_server(seen1, closed1, 3)
+        urls = ",".join(f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in (s0, s1))
+        b = RemoteBackend(Settings(backend="remote", instances=urls, db_url="sqlite:////tmp/unused.db"), load_classes())
+        b._client = httpx.AsyncClient()
+        i0, i1 = b.instances
+        for i in b.instances:
+            i.checked, i.has_triage = True, True
+        i0.state, i1.state = UP, DOWN                 # the call goes to instance 0 first
+        req = GenRequest("call-1", "Sprained ankle, walking fine.", 3, 5, 16.0, 1.0, 3, time.time(), 6)
+        events = []
+
+        async def client():
+            async for ev in b.generate(req):
+                events.append(ev)
+
+        task = asyncio.create_task(client())
+        for _ in range(100):
+            if seen0:
+                break
+            await asyncio.sleep(0.02)
+        assert seen0 and json.loads(seen0[0])["vllm_xargs"]["triage_id"] == "call-1"
+        now = time.time()
+        i0.take_snapshot({"max_num_seqs": 1, "waiting": [_row("call-1", 5, "waiting", 6, slack=16.0)],
+                          "running": [_row("other", 5, "decoding", 1, computed=40)]}, now)
+        i1.state = UP
+        i1.take_snapshot({"max_num_seqs": 2, "waiting": [], "running": []}, now)
+        assert await b.rebalance_once() == 0          # just sent: instance 0 may admit it at its next step
+        i0.sent["call-1"].at -= 1.0                   # ... it has waited there a second
+        assert await b.rebalance_once() == 1
+        await asyncio.wait_for(task, 5.0)
+        await asyncio.wait_for(closed0.wait(), 5.0)
+        assert "".join(e.text for e in events) == "t0 t1 t2 " and events[-1].finished
+        assert len(seen0) == 1 and len(seen1) == 1
+        assert b.dispatch.moved == 1 and i0.state == UP and i0.counters["errors"] == 0
+        assert b.instance_for("call-1") == i1.url
+        assert await b.rebalance_once() == 0 and not b._moving and "call-1" not in b._moved
+        await b._client.aclose()
+        s0.close()
+        s1.close()
+
+    asyncio.run(run())

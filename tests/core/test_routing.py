@@ -185,7 +185,7 @@ def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(sea
     but for n_d·b_d). The new call goes to instance 1 although it runs 5 % slower (β 1.05);
     with seat_aware=False, the rule as printed, the instance with 10 calls waiting looks
     the lighter one."""
-    g = make_router("gorouting", seat_aware=seat_aware)
+    g = make_router("gorouting", seat_aware=seat_aware, seat_wait=False)
     pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4)]
     pool[1].estimator.beta = 1.05
     for load in pool:
@@ -206,6 +206,34 @@ def test_gorouting_counts_the_requests_waiting_for_a_seat_on_a_full_instance(sea
     if seat_aware:
         assert g.exec_time(pool[0], 5.1, new) == pytest.approx(
             waiting - pool[0].estimator.prefill_time(50) + 3 * pool[0].estimator.decode_time(50))
+
+
+@pytest.mark.parametrize("seat_wait", [True, False])
+def test_gorouting_sends_a_call_that_must_wait_for_a_seat_where_one_frees_first(seat_wait):
+    """Two full instances (4 seats, 4 decodes, 2 calls queued each, alike but for the
+    decodes' progress): instance 1's calls have 5 tokens left of their predicted 50,
+    instance 0's all 50, and instance 1 runs 5 % slower. A new call finds no seat on
+    either; on instance 1 one frees ten times sooner, so it goes there. EXEC adds the wait:
+    k = 3 releases of the 6 ahead, over the 4·rest + 2·50 tokens they still produce at one
+    token per seat per step. Without the wait the prefill queues decide (instance 0, β)."""
+    g = make_router("gorouting", view="level", seat_wait=seat_wait)
+    pool = [FakeLoad(0, seats=4), FakeLoad(1, seats=4)]
+    pool[1].estimator.beta = 1.05
+    for load in pool:
+        _decoding(g, load, 4)
+        for k in range(2):
+            g.on_dispatch(req(f"w{load.index}{k}", level=5, prompt=50, arrival=1.0), load.index, 1.0, load)
+    for r, _ in g._map[1].dec.values():
+        r.generated = 45
+    new = req("new", level=5, prompt=50, arrival=1.0)
+    est = pool[0].estimator
+    wait = 3 / 6 * (4 * 50 + 2 * 50) * (est.beta * est.t_c / 4 + est.decode_time(50))
+    queue = 2 * est.prefill_time(50) + 4 * est.decode_time(50)
+    assert g.exec_time(pool[0], 1.0, new) == pytest.approx(queue + (wait if seat_wait else 0.0))
+    assert g.route(new, pool, 1.0) == (1 if seat_wait else 0)
+    # an ESI-1 call: level-5 decodes give way, a seat is free on both, no wait anywhere
+    urgent = req("u", level=1, prompt=50, arrival=1.0)
+    assert g._ahead(pool[0], urgent)[5] == g._ahead(pool[1], urgent)[5] == 0.0
 
 
 def test_gorouting_less_urgent_decodes_do_not_hold_a_seat_against_an_urgent_request():
@@ -324,7 +352,7 @@ def test_gorouting_keeps_the_eta_floor_when_a_queued_request_is_overdue():
         n_tok = int(s / est.prefill_time(1000) * 1000)
         g.on_dispatch(req(f"w{i}", level=3, prompt=n_tok, arrival=99.0), i, 100.0, pool[i])
     new = req("new", level=2, prompt=500, arrival=100.0)     # ESI-2: TTFT SLO 4 s
-    _, dl1, _, tpot, _ = g._ahead(pool[1], new)
+    _, dl1, _, tpot, _, _ = g._ahead(pool[1], new)
     assert (dl1 < 100.0).any()
     assert np.isfinite(g._phi(pool[1], dl1, tpot, 0.5, 100.0))
     picks = {g.route(new, pool, 100.0) for _ in range(8)}
@@ -392,7 +420,7 @@ def test_gorouting_gains_equal_the_request_by_request_sum_as_queues_grow_and_dra
             q = [r for r, _ in g._q(p).reqs.values() if view == "arrival" or r.level <= new.level]
             e = g.exec_time(p, now, new)
             e_req = e + p.estimator.prefill_time(new.need, new.computed)
-            _, dl1, w, tpot, _ = g._ahead(p, new)
+            _, dl1, w, tpot, _, _ = g._ahead(p, new)
             assert g.estimate_gain(p, dl1, w, tpot, e, now) == pytest.approx(_reference_gain(g, p, q, e, now))
             post = g.estimate_gain(p, np.append(dl1, new.deadline(1)), np.append(w, new.weight),
                                    np.append(tpot, new.tpot_slo), e_req, now)

@@ -41,7 +41,8 @@ class InstanceLoad(Protocol):
     def prefill_tokens(self) -> int: ...        # tokens still to prefill (waiting + running prefills)
     def decodes(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, context, tpot)
     def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, prompt, tpot)
-    # optional: `seats` (int | None), the instance's max_num_seqs where known (gorouting's seat_aware)
+    # optional: `seats` (int | None), the instance's max_num_seqs where known (gorouting's seat_aware),
+    # and `waiting_calls(now)` -> [(id, level, slack, waited s)], its queued calls not started (rebalance.py)
 
 
 class StateLoad:
@@ -85,6 +86,12 @@ class StateLoad:
         d = [(r.next_deadline - now, r.computed, r.tpot_slo) for r in self.state.running if r.need == 1 and r.generated > 0]
         a = np.array(d, dtype=float).reshape(len(d), 3)
         return a[:, 0], a[:, 1], a[:, 2]
+
+    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float]]:
+        """Queued requests nothing has been computed for: (id, level, first-token slack,
+        seconds since they were queued here)."""
+        return [(r.id, r.level, r.next_deadline - now, now - r.arrival) for r in self.state.waiting
+                if r.computed == 0 and r.generated == 0]
 
     def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Unfinished prefills (running chunks, then waiting): first-token slack, prompt

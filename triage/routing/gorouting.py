@@ -68,6 +68,17 @@ prefills have the elapsed time taken off; the others count in full. Under the le
 only decodes at least as urgent hold a seat against a request (a less urgent one is evicted
 for it).
 
+The wait for a seat (`seat_wait`, with `seat_aware`; not in the seed). EXEC counts an
+instance's queued prefills and one decode step of its running calls, never the tokens its
+calls have still to generate, yet on a seat-bound instance that is what a new request waits
+for: its seat frees when a call ahead of it finishes. A request that finds no free seat
+(k = ahead − free + 1 releases needed, of the `ahead` calls holding or queued for a seat
+before it) waits about k/ahead of the time the instance needs to generate the tokens those
+calls still have to produce (predicted: the length head's estimate less what each has
+generated), at one token per seat per step of β·t_c + seats·b_d. That time is added to
+EXEC(p). Without it a burst's level-5 calls split by their prompts' prefill time: live, 50 / 43
+level-5 calls left one of two instances 18 % more output tokens (docs/deploy.md).
+
 Line 13 among instances it cannot tell apart (not in the seed): light instances whose EXECs
 are within one step's fixed cost (β·t_c) of the least count as equally idle, and the one
 with the fewest requests at least as urgent in flight (queued or decoding) gets the request.
@@ -98,29 +109,40 @@ from triage.routing.base import InstanceLoad, Router, register
 
 
 class _Queue:
-    """PrefillQueueMap[p] (plus n_d). The requests are also kept as numpy columns, rebuilt
-    only when the queue changes: a route reads every instance's queue twice, and a wave of
-    n dispatches in one event-loop turn must cost O(n) numpy work per route, not O(n)
-    Python calls (measured: 400 queued requests, 2 instances, ~2 s of Python per wave on a
-    loaded 2-core VM, which stalled the front end's event loop; docs/deploy.md)."""
+    """PrefillQueueMap[p] and the requests decoding on p. The queued requests are also kept
+    as numpy columns, rebuilt only when the queue changes: a route reads every instance's
+    queue twice, and a wave of n dispatches in one event-loop turn must cost O(n) numpy work
+    per route, not O(n) Python calls (measured: 400 queued requests, 2 instances, ~2 s of
+    Python per wave on a loaded 2-core VM, which stalled the front end's event loop;
+    docs/deploy.md). Decodes are at most an instance's seats."""
 
-    __slots__ = ("reqs", "ts", "ctx_d", "n_d_level", "_cols")
+    __slots__ = ("reqs", "ts", "dec", "_cols")
 
     def __init__(self) -> None:
         self.reqs: dict[str, tuple[Request, float]] = {}   # id -> (request, predicted prefill s)
         self.ts = 0.0
-        self.ctx_d = 0      # Σ the contexts at first token (prompt length) of the requests decoding
-        self.n_d_level: dict[int, int] = {}   # requests in their decode phase, by level (the seats they hold)
+        self.dec: dict[str, tuple[Request, int]] = {}      # decoding: id -> (request, level at first token)
         self._cols: tuple[np.ndarray, ...] | None = None
 
     @property
     def n_d(self) -> int:
         """Requests in their decode phase."""
-        return sum(self.n_d_level.values())
+        return len(self.dec)
 
-    def decoding_upto(self, level: int) -> int:
-        """Requests decoding here at `level` or more urgent."""
-        return sum(n for lv, n in self.n_d_level.items() if lv <= level)
+    @property
+    def ctx_d(self) -> int:
+        """Σ the contexts at first token (prompt lengths) of the requests decoding."""
+        return sum(r.prompt_len for r, _ in self.dec.values())
+
+    def decoding_upto(self, level: float) -> tuple[int, int]:
+        """(how many requests decode here at `level` or more urgent, their predicted
+        output tokens still to come)."""
+        n = rest = 0
+        for r, lv in self.dec.values():
+            if lv <= level:
+                n += 1
+                rest += r.remaining_output
+        return n, rest
 
     def add(self, req: Request, t: float) -> None:
         self.reqs[req.id] = (req, t)
@@ -133,8 +155,9 @@ class _Queue:
         return True
 
     def cols(self) -> tuple[np.ndarray, ...]:
-        """(level, predicted prefill s, first-token deadline, weight, TPOT SLO) per request,
-        as they were when queued (a level relabelled meanwhile counts from the next change)."""
+        """(level, predicted prefill s, first-token deadline, weight, TPOT SLO, predicted
+        output tokens) per request, as they were when queued (a level relabelled meanwhile
+        counts from the next change)."""
         if self._cols is None:
             items = list(self.reqs.values())
             n = len(items)
@@ -142,7 +165,8 @@ class _Queue:
                           np.fromiter((t for _, t in items), float, n),
                           np.fromiter((r.deadline(1) for r, _ in items), float, n),
                           np.fromiter((r.weight for r, _ in items), float, n),
-                          np.fromiter((r.tpot_slo for r, _ in items), float, n))
+                          np.fromiter((r.tpot_slo for r, _ in items), float, n),
+                          np.fromiter((r.remaining_output for r, _ in items), float, n))
         return self._cols
 
 
@@ -151,7 +175,8 @@ class GoRouting(Router):
     FALLBACKS = ("least_loaded", "random")
 
     def __init__(self, alpha: float = 0.9, mu: float = 0.25, lam: float = 0.9, seed: int = 0, view: str = "auto",
-                 eta: float = 0.1, fallback: str = "least_loaded", seat_aware: bool = True) -> None:
+                 eta: float = 0.1, fallback: str = "least_loaded", seat_aware: bool = True,
+                 seat_wait: bool = True) -> None:
         if view not in ("auto", "arrival", "level"):
             raise ValueError("view must be 'auto', 'arrival' or 'level'")
         if fallback not in self.FALLBACKS:
@@ -164,6 +189,7 @@ class GoRouting(Router):
         self.lam = lam                      # heavy: EXEC(p, req) > λ·TTFT_slo (≥ 6/7: Fig. 8)
         self.eta = eta                      # Alg. 1 line 7: t_budget ≥ η (co-located φa)
         self.seat_aware = seat_aware        # lag compensation only for prefills that hold a seat (docstring)
+        self.seat_wait = seat_wait          # seat_aware: EXEC adds the wait for a seat (docstring)
         self._rng = np.random.default_rng(seed)
         self._map: dict[int, _Queue] = {}   # PrefillQueueMap (plus n_d per instance)
 
@@ -177,29 +203,44 @@ class GoRouting(Router):
         if self.view == "auto":
             self.by_level = getattr(policy, "queue_order", "arrival") == "level"
 
-    def _ahead(self, p: InstanceLoad, req: Request | None) -> tuple[np.ndarray, ...]:
+    def _ahead(self, p: InstanceLoad, req: Request | None) -> tuple:
         """The columns (prefill s, first-token deadline, weight, TPOT SLO) of the queued
-        requests `req` waits behind, and how many of them can hold a seat now."""
+        requests `req` waits behind, how many of them can hold a seat now, and how long the
+        next request at `req`'s level waits for a seat (s)."""
         q = self._q(p)
-        level, t, dl1, w, tpot = q.cols()
-        if req is None or not self.by_level:
-            return t, dl1, w, tpot, self._seated(p, len(t), q.n_d)
-        m = level <= req.level
-        held = q.decoding_upto(req.level)       # less urgent decodes give way
-        return t[m], dl1[m], w[m], tpot[m], self._seated(p, int(m.sum()), held)
-
-    def _seated(self, p: InstanceLoad, n_queued: int, held: int) -> int:
-        """How many of `n_queued` requests can be prefilling now: all of them, unless the
-        instance's seats (`p.seats`, vLLM's max_num_seqs, where known) are held by `held` decodes."""
+        level, t, dl1, w, tpot, out = q.cols()
+        if req is not None and self.by_level:
+            m = level <= req.level
+            t, dl1, w, tpot, out = t[m], dl1[m], w[m], tpot[m], out[m]
+            held, rest = q.decoding_upto(req.level)       # less urgent decodes give way
+        else:
+            held, rest = q.decoding_upto(np.inf)
         seats = getattr(p, "seats", None) if self.seat_aware and p.role != "prefill" else None
-        return n_queued if seats is None else min(n_queued, max(0, int(seats) - held))
+        if seats is None:
+            return t, dl1, w, tpot, len(t), 0.0
+        free = max(0, int(seats) - held)
+        wait = self._seat_wait(p, q, int(seats), held + len(t), len(t) + 1 - free, rest + float(out.sum()))
+        return t, dl1, w, tpot, min(len(t), free), wait
+
+    def _seat_wait(self, p: InstanceLoad, q: _Queue, seats: int, ahead: int, k: int, tokens: float) -> float:
+        """The time until the k-th of the `ahead` seat releases in front of a new request
+        (k ≤ 0: a seat is free), taken as evenly spread over the time the instance needs to
+        generate the `tokens` (predicted) that those requests still have to produce: its
+        seats each add one token per step of β·t_c + seats·b_d."""
+        if k <= 0 or not self.seat_wait or ahead <= 0:
+            return 0.0
+        est = p.estimator
+        ctx = q.ctx_d // q.n_d if q.n_d else 0
+        per_token = est.beta * est.t_c / seats + est.decode_time(ctx)
+        return min(k, ahead) / ahead * tokens * per_token
 
     # --- ESTIMATEEXEC and ESTIMATEGAIN ---------------------------------------------------------
     def exec_time(self, p: InstanceLoad, now: float, req: Request | None = None) -> float:
         """ESTIMATEEXEC(p): the predicted prefill time of the queue `req` waits behind, less
-        the time since the queue's last update; on a co-located instance plus n_d·b_d."""
+        the time since the queue's last update; on a co-located instance plus n_d·b_d and
+        the wait for a seat."""
         a = self._ahead(p, req)
-        return self._exec(p, a[0], now, a[4])
+        return self._exec(p, a[0], now, a[4]) + a[5]
 
     def _exec(self, p: InstanceLoad, t: np.ndarray, now: float, seated: int | None = None) -> float:
         """`seated`: only the first `seated` prefills of `t` run now; the time since ts_p is
@@ -233,8 +274,8 @@ class GoRouting(Router):
         n = len(pool)
         deltas, execs, execs_req = [], [], []
         for p in pool:
-            t, dl1, w, tpot, seated = self._ahead(p, req)
-            e = self._exec(p, t, now, seated)
+            t, dl1, w, tpot, seated, wait = self._ahead(p, req)
+            e = self._exec(p, t, now, seated) + wait
             e_req = e + p.estimator.prefill_time(req.need, req.computed)
             pre = self.estimate_gain(p, dl1, w, tpot, e, now)                              # line 4
             post = self.estimate_gain(p, np.append(dl1, req.deadline(1)), np.append(w, req.weight),
@@ -270,7 +311,7 @@ class GoRouting(Router):
 
         def urgent(p: InstanceLoad) -> int:
             q = self._q(p)
-            return int((q.cols()[0] <= req.level).sum()) + q.decoding_upto(req.level)
+            return int((q.cols()[0] <= req.level).sum()) + q.decoding_upto(req.level)[0]
         return idx[min(near, key=lambda k: (urgent(loads[k]), execs[k], idx[k]))]
 
     # --- PrefillQueueMap upkeep --------------------------------------------------------------------
@@ -284,15 +325,10 @@ class GoRouting(Router):
         q = self._map.setdefault(instance, _Queue())
         if q.pop(req.id):
             q.ts = now
-        q.ctx_d += req.prompt_len
-        q.n_d_level[req.level] = q.n_d_level.get(req.level, 0) + 1
+        q.dec[req.id] = (req, req.level)
 
     def on_finish(self, req: Request, instance: int, now: float) -> None:
         q = self._map.setdefault(instance, _Queue())
         if q.pop(req.id):
             q.ts = now
-        elif q.n_d > 0:
-            q.ctx_d = max(0, q.ctx_d - req.prompt_len)
-            lv = req.level if q.n_d_level.get(req.level) else next((k for k, v in q.n_d_level.items() if v > 0), None)
-            if lv is not None:   # (another level: the request was relabelled while it decoded)
-                q.n_d_level[lv] -= 1
+        q.dec.pop(req.id, None)

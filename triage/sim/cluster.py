@@ -37,6 +37,7 @@ from triage.policies.slidebatching import SlideBatching
 from triage.profiles import Profile
 from triage.request import KVResidency, Request, Stage
 from triage.routing import REJECT, Router, StateLoad, make_router
+from triage.routing.rebalance import seat_moves
 from triage.sim.simulator import EstimatorError, Instance, SimResult, StalledError, make_request
 from triage.sim.traces import TraceRequest
 
@@ -83,12 +84,14 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
                      seed: int = 0, progress: Callable[[int], None] | None = None, estimator_kind: str | None = None,
                      kv_fixed_s: float = KV_FIXED_S, kv_per_token_s: float = KV_PER_TOKEN_S,
                      router_params: dict | None = None, decode_policy=DECODE_POLICY,
-                     truth: str = "auto", bias: float = 1.0) -> SimResult:
+                     truth: str = "auto", bias: float = 1.0, steal: bool = False) -> SimResult:
     """Replay `trace` through a router and several instances; returns every request.
 
     `policy_factory`: a policy name or a callable returning a fresh policy (one per
     instance). In PD mode the decode instances run `decode_policy` (a name or factory;
-    None: the same policy as the prefill instances)."""
+    None: the same policy as the prefill instances). `steal`: co-located instances with a
+    free seat take calls waiting for one elsewhere (triage.routing.rebalance), as the live
+    remote backend does; off by default (the seeds' clusters place a call once)."""
     make = _factory(policy_factory)
     make_decode = make if decode_policy is None else _factory(decode_policy)
     rt = make_router(router, **(router_params or {})) if isinstance(router, str) else router
@@ -127,6 +130,23 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         node.idle = False
         r.instance = node.inst.index
         node.inst.state.add(r)
+
+    moved: set[str] = set()
+
+    def steal_for(node: _Node) -> bool:
+        """Move calls waiting for a seat elsewhere onto `node` (the instance stepped, whose
+        clock is the earliest: every call waiting elsewhere arrived before it)."""
+        if not steal or node.role != "mixed":
+            return False
+        t = node.inst.now
+        moves = seat_moves([n.load for n in mixed], t, moved, to=node.inst.index)
+        for rid, src, _dst in moves:
+            r = nodes[src].inst.state.remove(rid)
+            moved.add(rid)
+            rt.on_finish(r, src, t)                      # gone from src's queue, as live
+            rt.on_dispatch(r, node.inst.index, t, node.load)
+            put(node, r, t)
+        return bool(moves)
 
     while pending or transfers or reports or any(n.inst.state.requests for n in nodes):
         busy = [n for n in nodes if n.busy]
@@ -171,7 +191,8 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
         inst, st = node.inst, node.inst.state
         plan = inst.policy.plan(st, inst.now)
         if not plan.tokens:
-            node.idle = True                                         # wakes on the next request it gets
+            if not steal_for(node):
+                node.idle = True                                     # wakes on the next request it gets
             continue
         scheduled = [st.requests[rid] for rid in plan.tokens]
         inst.step(plan)
@@ -192,6 +213,7 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
                     st.remove(r.id)
                     ready = inst.now + kv_fixed_s + kv_per_token_s * r.computed
                     heapq.heappush(transfers, (ready, r.seq, r, decode_of.pop(r.id)))
+        steal_for(node)
     if progress:
         progress(total)
     steps = sum(n.inst.steps for n in nodes)

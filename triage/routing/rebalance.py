@@ -1,0 +1,60 @@
+"""Seat stealing: a call waiting for a seat moves to an instance with one free (not in any
+seed; the router places a call once, on predictions).
+
+A router places each call when it arrives, on predicted answer lengths. When the real
+lengths differ, one instance runs out of work while calls still wait for a seat on
+another: at the end of a 196-call burst on two instances, the one that finished first
+idled 1.4-4.6 s (docs/deploy.md), a few percent of the burst's throughput. Stock vLLM
+behind a round robin has the same tail. Here, while an instance has a free seat and
+nothing queued, a call that has waited at least `min_wait_s` on another instance without
+starting (nothing computed, no token) moves to it: of those, first the call its instance
+would serve last (least urgent, latest deadline). It has cost nothing where it waited, so
+the move costs one dispatch (if its instance admits it in the instant of the move, one
+prefill). A call moves at most once.
+
+    seat_moves(pool, now) -> [(call id, from instance, to instance), ...]
+
+An instance offers its waiting calls through `waiting_calls(now)` (id, level, slack,
+seconds waited there) and its seats through `seats`; an instance that reports neither
+takes no part. The live
+remote backend (serving/backends/remote.py) and the simulator (triage/sim/cluster.py)
+both call this function and carry the moves out (abort and dispatch again; move between
+engine states).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from triage.routing.base import InstanceLoad
+
+
+def free_seats(p: InstanceLoad) -> int | None:
+    seats = getattr(p, "seats", None)
+    if seats is None or p.role != "mixed":
+        return None
+    return int(seats) - p.n_running - p.n_waiting
+
+
+MIN_WAIT_S = 0.5   # a call just sent is admitted at its instance's next step: leave it there
+
+
+def seat_moves(pool: Sequence[InstanceLoad], now: float, moved: set[str] | frozenset = frozenset(),
+               to: int | None = None, min_wait_s: float = MIN_WAIT_S) -> list[tuple[str, int, int]]:
+    """The moves to make now. `moved`: ids already moved once (they stay). `to`: only moves
+    onto the instance with this index (the simulator steals for the instance it steps)."""
+    free = {p.index: f for p in pool if (f := free_seats(p)) is not None and f > 0 and p.n_waiting == 0
+            and (to is None or p.index == to)}
+    if not free:
+        return []
+    out: list[tuple[str, int, int]] = []
+    for p in pool:
+        if p.index in free or getattr(p, "seats", None) is None:
+            continue
+        calls = [c for c in getattr(p, "waiting_calls", lambda _now: [])(now) if c[0] not in moved and c[3] >= min_wait_s]
+        for rid, *_ in sorted(calls, key=lambda c: (c[1], c[2]), reverse=True):   # served last first
+            dst = max((i for i, f in free.items() if f > 0), key=lambda i: (free[i], -i), default=None)
+            if dst is None:
+                return out
+            out.append((rid, p.index, dst))
+            free[dst] -= 1
+    return out

@@ -189,7 +189,8 @@ class RemoteBackend:
         return {"routed": Counter("triage_routed_total", "Requests dispatched, by instance and router",
                                   ["instance", "router"], registry=r),
                 "rerouted": Counter("triage_rerouted_total", "Requests sent again elsewhere: before any token "
-                                    "(queue_full, instance_fault) or resumed after tokens (resumed_midstream)",
+                                    "(queue_full, instance_fault), resumed after tokens (resumed_midstream), or "
+                                    "moved from a wait for a seat to a free one (seat_move)",
                                     ["reason"], registry=r),
                 "lost": Counter("triage_instance_lost_total", "Streams ended by an instance fault after tokens",
                                 ["instance"], registry=r)}

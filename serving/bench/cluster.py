@@ -230,11 +230,12 @@ def warm_up(instances: list[Server], calls: list[Call], seats: int) -> None:
 
 def fault_counts(metrics_text: str) -> dict[str, int]:
     """From the front end's /metrics: calls sent again elsewhere, by reason (`queue_full`,
-    `instance_fault` before any token; `resumed_midstream` after tokens) and streams that
-    ended with `InstanceLost` (`lost_midstream`)."""
+    `instance_fault` before any token; `resumed_midstream` after tokens; `seat_move`: waited
+    for a seat, moved to a free one, triage.routing.rebalance) and streams that ended with
+    `InstanceLost` (`lost_midstream`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "lost_midstream": 0}
+    out = {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "seat_move": 0, "lost_midstream": 0}
     for fam in text_string_to_metric_families(metrics_text):
         for smp in fam.samples:
             if smp.name == "triage_rerouted_total":

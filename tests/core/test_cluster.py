@@ -103,5 +103,6 @@ def test_bench_cluster_reads_reroutes_and_resumptions_off_the_front_ends_metrics
     lost.labels("http://a").inc(1)
     lost.labels("http://b").inc(2)
     got = fault_counts(generate_latest(r).decode())
-    assert got == {"queue_full": 0, "instance_fault": 3, "resumed_midstream": 41, "lost_midstream": 3}
-    assert fault_counts("") == {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "lost_midstream": 0}
+    assert got == {"queue_full": 0, "instance_fault": 3, "resumed_midstream": 41, "seat_move": 0, "lost_midstream": 3}
+    assert fault_counts("") == {"queue_full": 0, "instance_fault": 0, "resumed_midstream": 0, "seat_move": 0,
+                                "lost_midstream": 0}

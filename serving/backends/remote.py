@@ -36,6 +36,10 @@ most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-ur
 one keeps trying for up to `URGENT_WAIT_S`. While no instance at all is in rotation, a
 request that has not started waits up to `NO_INSTANCE_WAIT_S` for one to rejoin, then
 fails with `InstancesUnavailable` naming every instance and why.
+
+Moves (`remote_steal`, not a fault): a call that has waited on one instance without starting
+while another has a free seat and nothing queued is taken off the first (its stream closed)
+and sent to the second, once (`rebalance_once`; triage.routing.rebalance decides).
 """
 from __future__ import annotations
 
@@ -97,7 +101,7 @@ class _Retry(Exception):
     def __init__(self, why: str, full: bool = False, moved: bool = False) -> None:
         super().__init__(why)
         self.full = full
-        self.moved = moved      # taken off a seat-bound instance for a free seat elsewhere (rebalance)
+        self.moved = moved      # taken off the instance it waited on, for a free seat elsewhere (rebalance)
 
 
 @dataclass
@@ -507,21 +511,23 @@ class RemoteBackend:
             await self.rebalance_once()
 
     async def rebalance_once(self) -> int:
-        """Seat stealing (triage.routing.rebalance), run every poll period: calls waiting for
-        a seat on a seat-bound instance move to an instance with a free seat and nothing
-        queued. The stream to the old instance is closed (vLLM aborts the call, which had
-        nothing computed) and `generate` dispatches it to the new one. Returns the moves."""
+        """Seat stealing (triage.routing.rebalance), run every poll period: a call that has
+        waited on one instance without starting moves to an instance with a free seat and
+        nothing queued. The stream to the old instance is closed (vLLM aborts the call, which
+        had nothing computed) and `generate` dispatches it to the new one. Returns the moves."""
         from triage.routing.rebalance import seat_moves
 
         now = time.time()
         pool = [i for i in self.instances if i.available and i.full_until <= now]
         n = 0
-        for rid, _src, dst in seat_moves(pool, now, self._moved) if len(pool) > 1 else ():
+        for rid, src, dst in seat_moves(pool, now, self._moved) if len(pool) > 1 else ():
             resp = self._responses.get(rid)
             if resp is None or rid in self._aborted:
                 continue
             self._moved.add(rid)
             self._moving[rid] = dst
+            log.info("request %s moves from %s to a free seat on %s", rid, self.instances[src].url,
+                     self.instances[dst].url)
             await resp.aclose()
             n += 1
         return n

@@ -161,7 +161,8 @@ def start_front(router: str, urls: list[str], plan: ClusterPlan, model: str, tag
         raise BenchError(f"port {plan.front_port} is in use: pass another --port")
     cmd = [sys.executable, "-m", "serving.cli", "serve", "--log-level", "warning"]
     log = d / "front.log"
-    log.unlink(missing_ok=True)
+    if log.exists():   # an earlier turn's (its stalls are logged with where): kept as front.log.1, .2, ...
+        log.rename(d / f"front.log.{1 + sum(1 for _ in d.glob('front.log.*'))}")
     proc = _popen(cmd, env, log, plan.nice)   # as the instances' HTTP servers, ENGINE_NICE above their engines
     srv = Server(f"front-{tag}", f"http://127.0.0.1:{plan.front_port}", None, proc, log, {"dir": d})
     import httpx

@@ -83,6 +83,8 @@ def simulate(
     requests_out: Annotated[Optional[Path], typer.Option(help="Write one JSON line per request (level, arrival, token times, preemptions)")] = None,
     instances: Annotated[int, typer.Option(help="Co-located engine instances behind the router")] = 1,
     router: Annotated[str, typer.Option(help="round_robin, min_load, pab, gorouting")] = "round_robin",
+    router_param: Annotated[list[str], typer.Option(help="Router parameter KEY=VALUE (repeatable), e.g. seat_wait=false")] = [],
+    steal: Annotated[bool, typer.Option(help="Instances with a free seat take calls waiting elsewhere (the live front end's remote_steal)")] = False,
     pd: Annotated[Optional[str], typer.Option(help="P:D prefill and decode instances (disaggregated)")] = None,
     levels: Annotated[str, typer.Option(help=LEVELS_HELP)] = "oracle",
     lengths: Annotated[str, typer.Option(help=LENGTHS_HELP)] = "oracle",
@@ -143,6 +145,10 @@ def simulate(
                                       pool=inputs.pool if inputs.needs_texts else None, seed=seed)
         params = _parse_params(param)
         pol = prof.make_policy(policy, **params)
+        if instances > 1 or pd:
+            from triage.routing import make_router
+
+            rt = make_router(router, **_parse_params(router_param))   # (its parameters checked here)
     except (ValueError, FileNotFoundError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     if inputs.pool_info:
@@ -154,8 +160,8 @@ def simulate(
 
                 try:
                     res = simulate_cluster(reqs, lambda: prof.make_policy(policy, **params), prof, classes,
-                                           instances=instances, router=router, pd=pd, seed=seed, progress=advance,
-                                           truth=inputs.truth, bias=truth_bias)
+                                           instances=instances, router=rt, pd=pd, seed=seed, progress=advance,
+                                           truth=inputs.truth, bias=truth_bias, steal=steal)
                 except ValueError as e:
                     raise typer.BadParameter(str(e)) from None
             else:
@@ -176,11 +182,21 @@ def simulate(
     if burst:
         report = _burst_report(res, prof, classes, policy, inputs, info, requests, spread, max_tokens, output_tokens,
                                seed)
+        if instances > 1 or pd:
+            report.update(instances=instances if not pd else pd, router=router,
+                          router_params=_parse_params(router_param), steal=steal,
+                          per_instance={str(i): {"calls": sum(1 for r in res.requests if r.instance == i),
+                                                 "output_tokens": sum(len(r.token_times) for r in res.requests
+                                                                      if r.instance == i),
+                                                 "last_finish_s": round(max((r.finish_time for r in res.requests
+                                                                             if r.instance == i), default=0.0), 3)}
+                                        for i in sorted({r.instance for r in res.requests})})
         typer.echo(json.dumps(report) if as_json else json.dumps(report, indent=1))
         return
     report = summarize(res.requests, classes, policy, gold=res.gold, tpot_metric=inputs.tpot_metric)
     report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3),
-                  instances=instances if not pd else pd, router=router, inputs=info, estimator=res.estimator,
+                  instances=instances if not pd else pd, router=router, router_params=_parse_params(router_param),
+                  steal=steal, inputs=info, estimator=res.estimator,
                   simulated=True)
     if "classifier" in info:
         report["classifier"] = info["classifier"]

@@ -89,6 +89,7 @@ def test_simulate_with_noisy_levels_reports_per_gold_level_with_classifier_figur
     (["--truth", "oracle"], "unknown --truth"),
     (["--rate-scale", "0"], "rate-scale"),
     (["--scenario", "flood"], "scenario"),
+    (["--instances", "2", "--router", "gorouting", "--router-param", "nope=1"], "nope"),
 ])
 def test_bad_simulator_arguments_are_clear_errors(tmp_path, args, message):
     res = runner.invoke(app, ["simulate", "--trace", str(_tiny_trace(tmp_path, 5)), *args])
@@ -216,3 +217,13 @@ def test_simulated_burst_prints_bench_serve_shape():
     assert fixed["output_tokens"] == 10 and fixed["output_tokens_per_call"] == 10
     bad = runner.invoke(app, ["simulate", "--scenario", "burst", "--texts", "nope-pool"])
     assert bad.exit_code != 0 and "unknown --texts" in bad.output
+
+
+def test_simulate_a_cluster_with_router_parameters_and_seat_stealing(tmp_path):
+    """`--router-param` reaches the router, `--steal` the cluster; the JSON says which."""
+    base = ["simulate", "--trace", str(_tiny_trace(tmp_path)), "--instances", "2", "--router", "gorouting", "--json"]
+    res = runner.invoke(app, base + ["--router-param", "seat_wait=false", "--steal"])
+    assert res.exit_code == 0, res.output
+    d = _last_json(res)
+    assert d["router"] == "gorouting" and d["router_params"] == {"seat_wait": False} and d["steal"] is True
+    assert sum(c["requests"] for c in d["per_class"].values()) == 60

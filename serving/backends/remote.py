@@ -508,7 +508,10 @@ class RemoteBackend:
     async def _rebalance_loop(self) -> None:
         while True:
             await asyncio.sleep(self.instances[0].timing.poll_s)
-            await self.rebalance_once()
+            try:
+                await self.rebalance_once()
+            except Exception:   # a snapshot it cannot read must not end the moves for good
+                log.exception("seat stealing failed this round")
 
     async def rebalance_once(self) -> int:
         """Seat stealing (triage.routing.rebalance), run every poll period: a call that has

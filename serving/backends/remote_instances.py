@@ -279,13 +279,21 @@ class RemoteInstance:
         return (sum(x["need"] for x in w) + sum(x["need"] for x in r if x["need"] > 1)
                 + sum(s.req.prompt_len for s in extra if s.first is None))
 
+    @property
+    def output_tokens_left(self) -> int:
+        """Predicted output tokens still to come over the calls here (the snapshot's
+        `remaining`, the ledger's for calls it does not list yet)."""
+        w, r, extra = self._view()
+        return (sum(int(x["remaining"]) for x in w) + sum(int(x["remaining"]) for x in r)
+                + sum(max(1, s.req.predicted_output_len - s.tokens) for s in extra))
+
     def waiting_calls(self, now: float) -> list[tuple[str, int, float, float]]:
         """This front end's calls the last snapshot lists as waiting with nothing computed
-        and no token back yet: (id, level, first-token slack, seconds since sent here);
-        triage.routing.rebalance."""
+        and no token back yet: (id, level, first-token slack, seconds since sent here,
+        predicted output tokens); triage.routing.rebalance."""
         w, _, _ = self._view()
         age = now - self.snap_at
-        return [(x["id"], int(x["level"]), x["slack_s"] - age, now - s.at) for x in w
+        return [(x["id"], int(x["level"]), x["slack_s"] - age, now - s.at, int(x["remaining"])) for x in w
                 if not x["computed"] and not x["generated"] and (s := self.sent.get(x["id"])) is not None
                 and s.first is None]
 

@@ -42,7 +42,8 @@ class InstanceLoad(Protocol):
     def decodes(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, context, tpot)
     def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...  # (slack, prompt, tpot)
     # optional: `seats` (int | None), the instance's max_num_seqs where known (gorouting's seat_aware),
-    # and `waiting_calls(now)` -> [(id, level, slack, waited s)], its queued calls not started (rebalance.py)
+    # `waiting_calls(now)` -> [(id, level, slack, waited s, predicted tokens)], its queued calls not
+    # started, and `output_tokens_left`, the predicted output tokens of all its calls (rebalance.py)
 
 
 class StateLoad:
@@ -87,11 +88,16 @@ class StateLoad:
         a = np.array(d, dtype=float).reshape(len(d), 3)
         return a[:, 0], a[:, 1], a[:, 2]
 
-    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float]]:
+    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float, int]]:
         """Queued requests nothing has been computed for: (id, level, first-token slack,
-        seconds since they were queued here)."""
-        return [(r.id, r.level, r.next_deadline - now, now - r.arrival) for r in self.state.waiting
+        seconds since they were queued here, predicted output tokens)."""
+        return [(r.id, r.level, r.next_deadline - now, now - r.arrival, r.remaining_output) for r in self.state.waiting
                 if r.computed == 0 and r.generated == 0]
+
+    @property
+    def output_tokens_left(self) -> int:
+        """Predicted output tokens still to come over the requests here."""
+        return sum(r.remaining_output for r in self.state.requests.values())
 
     def prefills(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Unfinished prefills (running chunks, then waiting): first-token slack, prompt

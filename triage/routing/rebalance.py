@@ -21,10 +21,9 @@ at most once.
 An instance offers its waiting calls through `waiting_calls(now)` (id, level, slack,
 seconds waited there, predicted output tokens), its seats through `seats` and the
 predicted output tokens still to come over all its calls through `output_tokens_left`; an
-instance that reports no seats takes no part. The live
-remote backend (serving/backends/remote.py) and the simulator (triage/sim/cluster.py)
-both call this function and carry the moves out (abort and dispatch again; move between
-engine states).
+instance that reports no seats takes no part. The live remote backend
+(serving/backends/remote.py) and the simulator (triage/sim/cluster.py) both call this
+function and carry the moves out (abort and dispatch again; move between engine states).
 """
 from __future__ import annotations
 

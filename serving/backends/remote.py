@@ -523,7 +523,9 @@ class RemoteBackend:
         now = time.time()
         pool = [i for i in self.instances if i.available and i.full_until <= now]
         n = 0
-        for rid, src, dst in seat_moves(pool, now, self._moved) if len(pool) > 1 else ():
+        if len(pool) < 2 or not self._responses:   # nothing streaming: nothing to move
+            return 0
+        for rid, src, dst in seat_moves(pool, now, self._moved):
             resp = self._responses.get(rid)
             if resp is None or rid in self._aborted:
                 continue

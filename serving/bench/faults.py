@@ -511,6 +511,9 @@ async def db_outage(live: Live, outage_s: float = 30.0, workers: int = 2, max_to
 async def sigterm_drain(live: Live, streams: int = 6, max_tokens: int = 48, exit_timeout_s: float = 180.0) -> dict:
     calls = [Call(f"sd-{i}") for i in range(streams)]
     pid = live.srv.proc.pid
+    # after an engine kill the server builds a new standby on the same cores: meanwhile it took
+    # calls 3 s apart, each had finished before the next began, and SIGTERM found none open
+    await wait_standby(live)
     async with live.http(n=streams + 4) as c:
         tasks = [asyncio.create_task(stream(c, body(TEXTS[i % len(TEXTS)] + f" ({i})", x.crid, max_tokens), x))
                  for i, x in enumerate(calls)]

@@ -287,7 +287,7 @@ class RemoteInstance:
         return (sum(int(x["remaining"]) for x in w) + sum(int(x["remaining"]) for x in r)
                 + sum(max(1, s.req.predicted_output_len - s.tokens) for s in extra))
 
-    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float]]:
+    def waiting_calls(self, now: float) -> list[tuple[str, int, float, float, int]]:
         """This front end's calls the last snapshot lists as waiting with nothing computed
         and no token back yet: (id, level, first-token slack, seconds since sent here,
         predicted output tokens); triage.routing.rebalance."""

@@ -145,10 +145,11 @@ def simulate(
                                       pool=inputs.pool if inputs.needs_texts else None, seed=seed)
         params = _parse_params(param)
         pol = prof.make_policy(policy, **params)
+        router_params = _parse_params(router_param)
         if instances > 1 or pd:
             from triage.routing import make_router
 
-            rt = make_router(router, **_parse_params(router_param))   # (its parameters checked here)
+            rt = make_router(router, **router_params)   # (its parameters checked here)
     except (ValueError, FileNotFoundError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     if inputs.pool_info:
@@ -183,8 +184,7 @@ def simulate(
         report = _burst_report(res, prof, classes, policy, inputs, info, requests, spread, max_tokens, output_tokens,
                                seed)
         if instances > 1 or pd:
-            report.update(instances=instances if not pd else pd, router=router,
-                          router_params=_parse_params(router_param), steal=steal,
+            report.update(instances=instances if not pd else pd, router=router, router_params=router_params, steal=steal,
                           per_instance={str(i): {"calls": sum(1 for r in res.requests if r.instance == i),
                                                  "output_tokens": sum(len(r.token_times) for r in res.requests
                                                                       if r.instance == i),
@@ -195,7 +195,7 @@ def simulate(
         return
     report = summarize(res.requests, classes, policy, gold=res.gold, tpot_metric=inputs.tpot_metric)
     report.update(profile=prof.name, rate_scale=rate_scale, steps=res.steps, sim_time_s=round(res.sim_time, 3),
-                  instances=instances if not pd else pd, router=router, router_params=_parse_params(router_param),
+                  instances=instances if not pd else pd, router=router, router_params=router_params,
                   steal=steal, inputs=info, estimator=res.estimator,
                   simulated=True)
     if "classifier" in info:

@@ -109,11 +109,12 @@ from triage.request import Request
 from triage.routing.base import InstanceLoad, Router, register
 
 
-def seat_wait_s(est: LatencyEstimator, seats: int, ahead: int, k: int, tokens: float, ctx: int = 0) -> float:
-    """How long a call waits for a seat on a full instance (not in the seed): it needs the k-th of the `ahead` seat releases in front of it
-    (k ≤ 0: a seat is free), taken as evenly spread over the time the instance needs to
-    generate the `tokens` (predicted) those calls still have to produce: each of its seats
-    adds one token per step of β·t_c + seats·b_d (b_d at context `ctx`)."""
+def seat_wait_s(est: LatencyEstimator, seats: int, ahead: int, k: int, tokens: float, ctx: int) -> float:
+    """How long a call waits for a seat on a full instance (not in the seed): it needs the
+    k-th of the `ahead` seat releases in front of it (k ≤ 0: a seat is free), taken as evenly
+    spread over the time the instance needs to generate the `tokens` (predicted) those calls
+    still have to produce: each of its seats adds one token per step of β·t_c + seats·b_d
+    (b_d at context `ctx`)."""
     if k <= 0 or ahead <= 0:
         return 0.0
     return min(k, ahead) / ahead * tokens * (est.beta * est.t_c / seats + est.decode_time(ctx))
@@ -234,8 +235,7 @@ class GoRouting(Router):
         return t, dl1, w, tpot, min(len(t), free), wait
 
     def _seat_wait(self, p: InstanceLoad, q: _Queue, seats: int, ahead: int, k: int, tokens: float) -> float:
-        """The wait for a seat (`seat_wait_s`) at the mean context of the
-        instance's decodes."""
+        """The wait for a seat (`seat_wait_s`) at the mean context of the instance's decodes."""
         if not self.seat_wait:
             return 0.0
         return seat_wait_s(p.estimator, seats, ahead, k, tokens, q.ctx_d // q.n_d if q.n_d else 0)

@@ -414,6 +414,35 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
     return out
 
 
+def against_baseline(routers: dict[str, dict]) -> dict[str, dict]:
+    """Per router, its figures as multiples of the stock baseline's (issue 21's third bar:
+    ESI-1 first token p50 of the calls the classifier put at level 1 at most 0.5x, tokens/s
+    at least 0.95x): pooled over the turns, and tokens/s turn by turn, each of a router's turns
+    against the baseline's of the same number (how far the machine drifted between them).
+    Empty without the baseline."""
+    base = routers.get(BASELINE)
+    if not base:
+        return {}
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    def esi1(r: dict, k: str):
+        return (r.get("esi1_caught") or {}).get(k)
+
+    out = {}
+    for name, r in routers.items():
+        if name == BASELINE:
+            continue
+        out[name] = {"tokens_per_s": ratio(r.get("tokens_per_s"), base.get("tokens_per_s")),
+                     "esi1_ttft_p50": ratio(esi1(r, "ttft_p50_ms"), esi1(base, "ttft_p50_ms")),
+                     "esi1_ttft_p99": ratio(esi1(r, "ttft_p99_ms"), esi1(base, "ttft_p99_ms"))}
+        if r.get("turns") and base.get("turns"):
+            out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"])
+                                               for a, b in zip(r["turns"], base["turns"])]
+    return out
+
+
 def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,
                 progress: Callable[[str, int], contextlib.AbstractContextManager] | None = None,
                 echo: Callable[[str], None] = lambda s: None, into: dict | None = None,

@@ -354,9 +354,9 @@ async def slowloris(live: Live, slow: int = 100, calls: int = 8, max_tokens: int
             "max_under_s": round(max(under), 3) if answered == calls else None}
 
 
-def engine_core(live: Live):
-    """The serving engine's core process: the oldest EngineCore under the server (a standby
-    engine is always started after the one serving)."""
+def engine_cores(live: Live) -> list:
+    """The live EngineCore processes under the server, oldest first: the serving engine's,
+    then a standby's (a standby is always started after the one serving)."""
     import psutil
 
     cores = []
@@ -368,7 +368,32 @@ def engine_core(live: Live):
                 cores.append((p.create_time(), p.pid, p))
         except psutil.Error:
             continue
-    return min(cores)[2] if cores else None
+    return [p for *_, p in sorted(cores)]
+
+
+def engine_core(live: Live):
+    """The serving engine's core process (None: no engine under the server)."""
+    cores = engine_cores(live)
+    return cores[0] if cores else None
+
+
+async def no_standby(live: Live, timeout_s: float = 60.0) -> tuple[str | None, bool]:
+    """Make sure no standby engine can take over the next death: a ready standby's
+    EngineCore is killed first (the server then restarts cold, as with a standby still
+    building). Returns the standby state the next kill meets and whether a standby was
+    killed for it. On a fast machine the next
+    standby was often built before a second fault began, and a fault meant to restart cold
+    was a takeover (CI, 2026-11-28)."""
+    state = (await _get(live, "/readyz")).json().get("engine_standby")
+    cores = engine_cores(live)
+    if state != "ready" or len(cores) < 2:
+        return state, False
+    cores[-1].kill()
+    t0 = time.monotonic()
+    while state == "ready" and time.monotonic() - t0 < timeout_s:   # until the server sees it dead
+        await asyncio.sleep(0.1)
+        state = (await _get(live, "/readyz")).json().get("engine_standby")
+    return state, True
 
 
 async def wait_standby(live: Live, timeout_s: float = 600.0) -> str | None:
@@ -384,9 +409,9 @@ async def wait_standby(live: Live, timeout_s: float = 600.0) -> str | None:
 async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens: int = 48,
                       deadline_s: float = 60.0, give_up_s: float = 900.0, standby: bool = True) -> dict:
     """`standby`: wait for the server's standby engine (if it keeps one) before the kill, so
-    the kill measures the takeover; False: kill at once (a standby still building: the
-    restart is cold)."""
-    standby_at_kill = await wait_standby(live) if standby else (await _get(live, "/readyz")).json().get("engine_standby")
+    the kill measures the takeover; False: kill with no standby able to take over (one still
+    building, or a ready one killed first: `no_standby`), so the restart is cold."""
+    standby_at_kill, standby_killed = (await wait_standby(live), False) if standby else await no_standby(live)
     core = engine_core(live)
     if core is None:
         return {"ok": False, "error": "no EngineCore process under the server (is the backend vllm?)"}
@@ -445,6 +470,7 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
           and all(x.full or x in mid_errors for x in mid) and all(h == 200 for _, h, _r in health)
           and restarts >= 1 and out.get("engine_restart", 0) == len(mid_errors) and len(rows) == running + during)
     return {"ok": bool(ok), "engine_back_s": back_s, "standby_at_kill": standby_at_kill,
+            "standby_killed_first": standby_killed,
             "standby_took_over": took_over >= 1, "readyz_false_seen": seen_unready,
             "healthz_always_200": all(h == 200 for _, h, _r in health), "mid_stream_at_kill": len(mid),
             "mid_stream_error_events": len(mid_errors), "waiting_at_kill": len(waiting),

@@ -381,9 +381,8 @@ async def no_standby(live: Live, timeout_s: float = 60.0) -> tuple[str | None, b
     """Make sure no standby engine can take over the next death: a ready standby's
     EngineCore is killed first (the server then restarts cold, as with a standby still
     building). Returns the standby state the next kill meets and whether a standby was
-    killed for it. On a fast machine the next
-    standby was often built before a second fault began, and a fault meant to restart cold
-    was a takeover (CI, 2026-11-28)."""
+    killed for it. On a fast machine the next standby was often built before a second fault
+    began, and a fault meant to restart cold was a takeover (CI, 2026-11-28)."""
     state = (await _get(live, "/readyz")).json().get("engine_standby")
     cores = engine_cores(live)
     if state != "ready" or len(cores) < 2:

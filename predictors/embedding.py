@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+KIND = "pooledmean"   # the meta kind: names the ONNX graph file, so a graph of an older vector is not reused
+
 
 class PooledHead:
     def __init__(self, base) -> None:
@@ -27,9 +29,8 @@ class PooledHead:
         self.dir = base.dir
         self.model = base.model
         size = base.model.config.hidden_size if not hasattr(base.model, "pre_classifier") else base.model.pre_classifier.out_features
-        # "pooledmean": [first-token vector | token mean], 2 x the encoder's width (the ONNX
-        # file is named by the kinds, so a graph exported for the older one-half head is not reused)
-        self.meta = SimpleNamespace(kind="pooledmean", labels=list(range(2 * size)), temperature=1.0)
+        # [first-token vector | token mean], 2 x the encoder's width
+        self.meta = SimpleNamespace(kind=KIND, labels=list(range(2 * size)), temperature=1.0)
 
     @property
     def size(self) -> int:

@@ -123,7 +123,29 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(int(threads))
 
 
-class Classifier:
+class Heads:
+    """Probabilities from `all_logits` (one logits array per head of `self.heads`, this
+    classifier's first): shared by `Classifier` and `graph_classifier.GraphClassifier`."""
+
+    heads: tuple
+    meta: ClassifierMeta
+
+    def all_logits(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self.all_logits(texts, batch_size)[0]
+
+    def all_probs(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
+        """Calibrated probabilities of every head in `self.heads`, each with its own temperature."""
+        return [softmax(lg, h.meta.temperature) for lg, h in zip(self.all_logits(texts, batch_size), self.heads)]
+
+    def probs(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Calibrated class probabilities, shape (len(texts), n_classes)."""
+        return softmax(self.logits(texts, batch_size), self.meta.temperature)
+
+
+class Classifier(Heads):
     """A loaded classifier. Not thread-safe: use it from one thread (the service's worker)."""
 
     def __init__(self, model_dir: str | os.PathLike, threads: int | None = None, runtime: str = "torch"):
@@ -229,17 +251,6 @@ class Classifier:
                     acc.append(lg)
         return [np.concatenate(acc) if acc else np.zeros((0, len(h.meta.labels)), dtype=np.float32)
                 for acc, h in zip(out, self.heads)]
-
-    def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        return self.all_logits(texts, batch_size)[0]
-
-    def all_probs(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
-        """Calibrated probabilities of every head in `self.heads`, each with its own temperature."""
-        return [softmax(lg, h.meta.temperature) for lg, h in zip(self.all_logits(texts, batch_size), self.heads)]
-
-    def probs(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """Calibrated class probabilities, shape (len(texts), n_classes)."""
-        return softmax(self.logits(texts, batch_size), self.meta.temperature)
 
 
 def _encoder_state(model) -> dict:

@@ -70,6 +70,28 @@ class _Int8Refused(OnnxUnavailable):
     """Every recipe of INT8_RECIPES failed the check (stamped for these weights)."""
 
 
+def graph_path(base_dir: Path, kinds: list[str], int8: bool = False) -> Path:
+    """Where the graph of these heads (by `meta.kind`, in output order) on `base_dir`'s encoder lives."""
+    return Path(base_dir) / f"onnx-{'+'.join(kinds)}{'-int8' if int8 else ''}.onnx"
+
+
+def graph_fingerprint(dirs: list[Path]) -> str:
+    """The fingerprint a graph's stamp carries: the weights of its base and of each head, in order."""
+    once = {d: weights_fingerprint(d) for d in dict.fromkeys(Path(d) for d in dirs)}   # each file hashed once
+    return hashlib.sha256("".join(once[Path(d)] for d in dirs).encode()).hexdigest()
+
+
+def int8_refusal(fingerprint: str) -> dict:
+    """The stamp fields that mark an int8 graph as refused for these weights by these recipes."""
+    return {"weights_sha256": fingerprint, "recipes": [name for name, _ in INT8_RECIPES]}
+
+
+def int8_refused(path: Path, fingerprint: str) -> bool:
+    """The int8 graph at `path` was refused for these weights (not made: the stamp says so)."""
+    earlier = stamp(path)
+    return not path.exists() and "rejected" in earlier and all(earlier.get(k) == v for k, v in int8_refusal(fingerprint).items())
+
+
 def weights_fingerprint(model_dir: Path) -> str:
     h = hashlib.sha256()
     for name in sorted(os.listdir(model_dir)):
@@ -81,13 +103,21 @@ def weights_fingerprint(model_dir: Path) -> str:
 
 
 class OnnxGraph:
-    """Callable: tokenised batch (PyTorch tensors) -> one logits array (numpy fp32) per head."""
+    """Callable: tokenised batch (PyTorch tensors or numpy arrays) -> one logits array (numpy fp32) per head."""
 
-    def __init__(self, path: Path, threads: int | None, input_names: tuple[str, ...], one_text_per_pass: bool = False):
+    def __init__(self, path: Path, threads: int | None, input_names: tuple[str, ...] | None = None,
+                 one_text_per_pass: bool = False):
+        """`input_names`: the tokenizer outputs the graph reads (None: as the graph declares them)."""
         self.path = path
         self.threads = threads
         self.one_text_per_pass = one_text_per_pass
-        self.input_names = input_names
+        self._input_names = input_names
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        if self._input_names is None:
+            self._input_names = tuple(i.name for i in self.session.get_inputs())
+        return self._input_names
 
     @functools.cached_property
     def session(self):
@@ -103,7 +133,8 @@ class OnnxGraph:
         return ort.InferenceSession(str(self.path), so, providers=["CPUExecutionProvider"])
 
     def __call__(self, enc) -> list[np.ndarray]:
-        feeds = {k: enc[k].numpy() for k in self.input_names}
+        """`enc`: the tokenised batch, PyTorch tensors or numpy arrays."""
+        feeds = {k: np.asarray(enc[k]) for k in self.input_names}
         if not self.one_text_per_pass or len(feeds["input_ids"]) <= 1:
             return self.session.run(None, feeds)
         per_text = []
@@ -116,17 +147,15 @@ class OnnxGraph:
         """`fp32` with int8 weights (see the module docstring), quantised and checked once
         per weights; OnnxUnavailable when it fails its check or cannot be made."""
         path = fp32.path.with_name(fp32.path.stem + "-int8.onnx")
-        fingerprint = _stamp(fp32.path).get("weights_sha256")
+        fingerprint = stamp(fp32.path).get("weights_sha256")
         if fingerprint is None:
             raise OnnxUnavailable(f"the fp32 graph's stamp ({fp32.path.with_suffix('.json')}) is unreadable")
-        refusal = {"weights_sha256": fingerprint, "recipes": [name for name, _ in INT8_RECIPES]}
-        earlier = _stamp(path)
-        if not path.exists() and "rejected" in earlier and all(earlier.get(k) == v for k, v in refusal.items()):
-            raise OnnxUnavailable(earlier["rejected"])   # these weights failed these recipes already
+        if int8_refused(path, fingerprint):
+            raise OnnxUnavailable(stamp(path)["rejected"])   # these weights failed these recipes already
         try:
             _made_once(path, fingerprint, lambda: {"agreement_with_fp32": _quantize(base, heads, fp32, path, threads)})
         except _Int8Refused as e:
-            _write_stamp(path, {**refusal, "rejected": str(e)})
+            _write_stamp(path, {**int8_refusal(fingerprint), "rejected": str(e)})
             raise
         return cls(path, threads, fp32.input_names, one_text_per_pass=True)
 
@@ -141,13 +170,13 @@ class OnnxGraph:
         if base.runtime != "torch":
             raise OnnxUnavailable("export needs the PyTorch fp32 model")
         names = tuple(k for k in _INPUTS if k in base.encode(["x"]))
-        path = base.dir / f"onnx-{'+'.join(h.meta.kind for h in heads)}.onnx"
-        fingerprint = hashlib.sha256("".join(weights_fingerprint(c.dir) for c in (base, *heads)).encode()).hexdigest()
+        path = graph_path(base.dir, [h.meta.kind for h in heads])
+        fingerprint = graph_fingerprint([c.dir for c in (base, *heads)])
         _made_once(path, fingerprint, lambda: {"max_abs_logit_diff": _export(base, heads, path, names, threads)})
         return cls(path, threads, names)
 
 
-def _stamp(path: Path) -> dict:
+def stamp(path: Path) -> dict:
     """The JSON beside a graph file (its weights' fingerprint and check figures), {} if unreadable."""
     try:
         out = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
@@ -159,16 +188,16 @@ def _stamp(path: Path) -> dict:
 def _made_once(path: Path, fingerprint: str, make) -> None:
     """Run `make` (which writes `path` and returns its check figures) unless `path` exists and
     its stamp names these weights; then stamp it (atomically)."""
-    if path.exists() and _stamp(path).get("weights_sha256") == fingerprint:
+    if path.exists() and stamp(path).get("weights_sha256") == fingerprint:
         return
     _write_stamp(path, {"weights_sha256": fingerprint, **make()})
 
 
 def _write_stamp(path: Path, figures: dict) -> None:
-    stamp = path.with_suffix(".json")
-    tmp = stamp.with_suffix(".tmp")
+    dest = path.with_suffix(".json")
+    tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(figures), encoding="utf-8")
-    os.replace(tmp, stamp)
+    os.replace(tmp, dest)
 
 
 def _export(base, heads: tuple, path: Path, names: tuple[str, ...], threads: int | None) -> float:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from predictors.embedding import PooledHead
+from predictors import graph_classifier
 from predictors.model import Classifier, default_model_dir, ordinal_bucket, shares_encoder, softmax
 from predictors.site_features import site_features
 from predictors.site_slot import SiteSlot
@@ -74,19 +75,29 @@ class Predictor:
 
     def __init__(self, urgency_dir: str | Path | None = None, length_dir: str | Path | None = None, threads: int | None = 2,
                  runtime: str = "auto", escalate_below: float | None | str = "trained", use_vitals: bool = True):
-        self.urgency = Classifier(urgency_dir or default_model_dir("urgency"), threads=threads)
-        self.length = Classifier(length_dir or default_model_dir("length"), threads=threads)
-        # the length head is trained on the urgency model's frozen encoder: one encoder pass serves both
-        self.shared_encoder = shares_encoder(self.urgency, self.length)
-        self.pooled = PooledHead(self.urgency)  # the site adapters' input, from the same pass
-        if self.shared_encoder:
-            self.urgency.set_runtime(runtime, also=(self.length, self.pooled))
+        urgency_dir = Path(urgency_dir or default_model_dir("urgency"))
+        length_dir = Path(length_dir or default_model_dir("length"))
+        graph = graph_classifier.load(urgency_dir, length_dir, threads, runtime)
+        if graph is not None:   # the graph made at an earlier start, for these weights: no torch
+            (self.urgency, self.length), self.shared_encoder = graph, True
         else:
-            self.urgency.set_runtime(runtime, also=(self.pooled,))
-            self.length.set_runtime(runtime)
+            self._load_full(urgency_dir, length_dir, threads, runtime)
         self.site = SiteSlot()  # promoted / shadow site adapters, swapped live (serving.adapt)
         self.escalate_below = self.urgency.meta.escalate_below if escalate_below == "trained" else escalate_below
         self.use_vitals = use_vitals
+
+    def _load_full(self, urgency_dir: Path, length_dir: Path, threads: int | None, runtime: str) -> None:
+        """Both models in PyTorch, then the runtime chosen (the ONNX graph made and checked)."""
+        self.urgency = Classifier(urgency_dir, threads=threads)
+        self.length = Classifier(length_dir, threads=threads)
+        # the length head is trained on the urgency model's frozen encoder: one encoder pass serves both
+        self.shared_encoder = shares_encoder(self.urgency, self.length)
+        pooled = PooledHead(self.urgency)  # the site adapters' input, from the same pass
+        if self.shared_encoder:
+            self.urgency.set_runtime(runtime, also=(self.length, pooled))
+        else:
+            self.urgency.set_runtime(runtime, also=(pooled,))
+            self.length.set_runtime(runtime)
 
     @property
     def bucket_edges(self) -> list[int]:
@@ -95,7 +106,7 @@ class Predictor:
     def predict(self, texts: list[str]) -> list[Prediction]:
         if not texts:
             return []
-        logits = self.urgency.all_logits(texts)
+        logits = self.urgency.all_logits(texts)   # [urgency, (length,) pooled vector]
         up, pooled = softmax(logits[0], self.urgency.meta.temperature), logits[-1]
         lp = softmax(logits[1], self.length.meta.temperature) if self.shared_encoder else self.length.probs(texts)
         decisions = [decide(p, text, self.escalate_below, self.use_vitals) for text, p in zip(texts, up)]

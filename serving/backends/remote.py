@@ -121,6 +121,19 @@ class _Progress:
         return self.prompt_ids is not None and self.n_out > 0 and len(self.out_ids) == self.n_out
 
 
+def _load_tokenizer(d: Path):
+    """The served model's tokenizer. Where it ships a `tokenizer.json`, the fast tokenizer
+    class is loaded directly: `AutoTokenizer` would import torch (~5 s and ~500 MB in a front
+    end that runs no model) to pick the same class."""
+    if (d / "tokenizer.json").exists():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(d))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(d))
+
+
 def parse_instances(value: str | list[str] | None) -> list[str]:
     """Comma-separated (or a list of) http(s) URLs, each once; a clear error otherwise."""
     items = value if isinstance(value, list) else [x for x in (value or "").split(",")]
@@ -218,8 +231,6 @@ class RemoteBackend:
         return len(self._tokenizer) if self._tokenizer is not None else None
 
     async def start(self) -> None:
-        from transformers import AutoTokenizer
-
         from serving.model_prep import default_model_dir, generation_defaults
 
         d = Path(self.settings.model) if self.settings.model else default_model_dir()
@@ -227,7 +238,7 @@ class RemoteBackend:
             raise RuntimeError(f"the remote backend renders prompts with the served model's tokenizer and finds none "
                                f"in {d}: run `triage models prepare` or give --model DIR (the instances' model)")
         self.model_dir = d
-        self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(d))
+        self._tokenizer = await asyncio.to_thread(_load_tokenizer, d)
         self._defaults = generation_defaults(d)
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), limits=limits)

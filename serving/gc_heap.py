@@ -1,7 +1,8 @@
 """Keep Python's garbage collector off the serving path.
 
-The API process holds ~730,000 objects that live as long as it does (torch, transformers,
-ONNX Runtime, vLLM's client, SQLAlchemy, FastAPI and the models' Python wrappers). A full
+The API process holds ~730,000 objects that live as long as it does (with the in-process
+engine: torch, transformers, ONNX Runtime, vLLM's client, SQLAlchemy, FastAPI and the
+models' Python wrappers; ~190,000 in a `--backend remote` front end, which loads no torch). A full
 (generation-2) collection walks all of them: 0.43 s on a fast 2-core VM, ~1.3 s on a slow
 one, during which the event loop, the classifier thread and every stream stop. One comes
 every few hundred thousand surviving allocations, i.e. now and then under load: a stall

@@ -44,11 +44,10 @@ class GraphPass:
 
     def __call__(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
         """[urgency logits, length logits, pooled vector] for `texts`."""
-        out: list[list[np.ndarray]] = []
-        for i in range(0, len(texts), batch_size):
-            parts = self.graph(self.encode(texts[i:i + batch_size]))
-            out = [acc + [p] for acc, p in zip(out, parts)] if out else [[p] for p in parts]
-        return [np.concatenate(acc) for acc in out]
+        if not texts:   # no rows, each output's own width
+            return [p[:0] for p in self.graph(self.encode([""]))]
+        batches = [self.graph(self.encode(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
+        return [np.concatenate(parts) for parts in zip(*batches)]
 
 
 class GraphClassifier(Heads):

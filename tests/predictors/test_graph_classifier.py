@@ -65,6 +65,7 @@ def test_the_graph_alone_predicts_what_the_full_load_does(made, runtime):
     assert max(np.abs(x.features - y.features).max() for x, y in zip(a, b)) < 1e-4
     # the length head as served (on the full load it runs on the urgency classifier's pass)
     assert np.allclose(full.urgency.all_probs(texts[:20])[1], alone.length.probs(texts[:20]), atol=1e-5)
+    assert [p.shape for p in alone.urgency.all_logits([])] == [p.shape for p in full.urgency.all_logits([])]
 
 
 def test_the_tokenizer_cuts_and_pads_as_transformers_does(made):

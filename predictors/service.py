@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from predictors.embedding import PooledHead
 from predictors import graph_classifier
+from predictors.embedding import PooledHead
 from predictors.model import Classifier, default_model_dir, ordinal_bucket, shares_encoder, softmax
 from predictors.site_features import site_features
 from predictors.site_slot import SiteSlot

@@ -122,9 +122,10 @@ class _Progress:
 
 
 def _load_tokenizer(d: Path):
-    """The served model's tokenizer. Where it ships a `tokenizer.json`, the fast tokenizer
-    class is loaded directly: `AutoTokenizer` would import torch (~5 s and ~500 MB in a front
-    end that runs no model) to pick the same class."""
+    """The served model's tokenizer. Where it ships a `tokenizer.json`, transformers' fast
+    tokenizer reads it directly (for SmolLM2 the class `AutoTokenizer` picks too; the same
+    chat template, special tokens and ids): `AutoTokenizer` would import torch (~5 s and
+    ~500 MB in a front end that runs no model) only to choose the class."""
     if (d / "tokenizer.json").exists():
         from transformers import PreTrainedTokenizerFast
 

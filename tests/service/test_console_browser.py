@@ -94,6 +94,20 @@ def _sign_in(driver, srv, role, page=None):
     sign_in(driver, srv.url, srv.keys[role], page)
 
 
+def _focused(driver, attr: str):
+    """An attribute of the focused element. The queue redraws every poll and gives the focus
+    to the new copy of the same control (`data-focus-key`), so the element read may be gone
+    by the time its attribute is asked for: read the focused element again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            return driver.switch_to.active_element.get_attribute(attr)
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError("the focused element went stale 20 times in a row")
+
+
 def _css(driver, sel):
     from selenium.webdriver.common.by import By
 
@@ -156,17 +170,17 @@ def test_operator_sees_the_message_and_relabels_by_keyboard_and_the_row_moves(co
     key = f"relabel:{target}"
     for _ in range(80):   # keyboard only: Tab to the row's Relabel button
         ActionChains(driver).send_keys(Keys.TAB).perform()
-        if driver.switch_to.active_element.get_attribute("data-focus-key") == key:
+        if _focused(driver, "data-focus-key") == key:
             break
     else:
         raise AssertionError("Tab never reached the Relabel button")
     ActionChains(driver).send_keys(Keys.ENTER).perform()
     _wait(lambda: driver.find_element(By.ID, "relabel-dialog").get_attribute("open") is not None, what="the dialog")
-    assert driver.switch_to.active_element.get_attribute("id") == "relabel-level"
+    assert _focused(driver, "id") == "relabel-level"
     ActionChains(driver).send_keys("L2").perform()
     ActionChains(driver).send_keys(Keys.TAB).send_keys("caller now reports chest pain").perform()
     ActionChains(driver).send_keys(Keys.TAB, Keys.TAB).perform()
-    assert driver.switch_to.active_element.get_attribute("id") == "relabel-submit"
+    assert _focused(driver, "id") == "relabel-submit"
     t0 = time.monotonic()
     ActionChains(driver).send_keys(Keys.ENTER).perform()
     sel = f'#waiting tbody[data-level="2"] tr[data-id="{target}"]'
@@ -177,7 +191,7 @@ def test_operator_sees_the_message_and_relabels_by_keyboard_and_the_row_moves(co
     assert "#1 in queue" in moved and "override" in moved
     assert "from level 4 to level 2" in driver.find_element(By.ID, "status").text
     # the dialog gave focus back to the same row's button
-    assert driver.switch_to.active_element.get_attribute("data-focus-key") == key
+    assert _focused(driver, "data-focus-key") == key
     q = _queue(console, "operator")
     assert [r["request_id"] for r in q["waiting"] if r["level"] == 2] == [target]
     console.relabelled = target

@@ -124,14 +124,12 @@ def set_threads(threads: int | None) -> None:
 
 
 class Heads:
-    """Probabilities from `all_logits` (one logits array per head of `self.heads`, this
-    classifier's first): shared by `Classifier` and `graph_classifier.GraphClassifier`."""
+    """Probabilities from the subclass's `all_logits(texts, batch_size)` (one logits array
+    per head of `self.heads`, this classifier's first): shared by `Classifier` and
+    `graph_classifier.GraphClassifier`."""
 
     heads: tuple
     meta: ClassifierMeta
-
-    def all_logits(self, texts: list[str], batch_size: int = 64) -> list[np.ndarray]:
-        raise NotImplementedError
 
     def logits(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self.all_logits(texts, batch_size)[0]

@@ -24,7 +24,7 @@ import numpy as np
 
 from predictors.embedding import KIND as POOLED_KIND
 from predictors.model import ClassifierMeta, Heads, clean_text
-from predictors.onnx_graph import OnnxGraph, graph_fingerprint, graph_path, int8_refused, stamp
+from predictors.onnx_graph import OnnxGraph, graph_fingerprint, graph_path, int8_path, int8_refused, stamp
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def load(urgency_dir: Path, length_dir: Path, threads: int | None,
     except (OSError, ValueError, TypeError):
         return None
     kinds = [um.kind, lm.kind, POOLED_KIND]
-    fp32, int8 = graph_path(urgency_dir, kinds), graph_path(urgency_dir, kinds, int8=True)
+    fp32 = graph_path(urgency_dir, kinds)
+    int8 = int8_path(fp32)
     if not fp32.exists():
         return None
     # OnnxGraph.export_for's base and heads: the urgency encoder; urgency, length, pooled vector on it

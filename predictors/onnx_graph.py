@@ -70,9 +70,14 @@ class _Int8Refused(OnnxUnavailable):
     """Every recipe of INT8_RECIPES failed the check (stamped for these weights)."""
 
 
-def graph_path(base_dir: Path, kinds: list[str], int8: bool = False) -> Path:
-    """Where the graph of these heads (by `meta.kind`, in output order) on `base_dir`'s encoder lives."""
-    return Path(base_dir) / f"onnx-{'+'.join(kinds)}{'-int8' if int8 else ''}.onnx"
+def graph_path(base_dir: Path, kinds: list[str]) -> Path:
+    """Where the fp32 graph of these heads (by `meta.kind`, in output order) on `base_dir`'s encoder lives."""
+    return Path(base_dir) / f"onnx-{'+'.join(kinds)}.onnx"
+
+
+def int8_path(fp32: Path) -> Path:
+    """Where the int8 graph made from the fp32 graph at `fp32` lives."""
+    return fp32.with_name(fp32.stem + "-int8.onnx")
 
 
 def graph_fingerprint(dirs: list[Path]) -> str:
@@ -146,7 +151,7 @@ class OnnxGraph:
     def quantized_for(cls, base, heads: tuple, fp32: "OnnxGraph", threads: int | None) -> "OnnxGraph":
         """`fp32` with int8 weights (see the module docstring), quantised and checked once
         per weights; OnnxUnavailable when it fails its check or cannot be made."""
-        path = fp32.path.with_name(fp32.path.stem + "-int8.onnx")
+        path = int8_path(fp32.path)
         fingerprint = stamp(fp32.path).get("weights_sha256")
         if fingerprint is None:
             raise OnnxUnavailable(f"the fp32 graph's stamp ({fp32.path.with_suffix('.json')}) is unreadable")

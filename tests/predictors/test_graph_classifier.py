@@ -11,7 +11,7 @@ import pytest
 
 from predictors import graph_classifier
 from predictors.model import Classifier
-from predictors.onnx_graph import graph_path
+from predictors.onnx_graph import graph_path, int8_path
 from predictors.service import Predictor
 from triage.paths import REPO_ROOT
 
@@ -98,7 +98,7 @@ def test_new_weights_or_a_damaged_graph_take_the_full_load(made, tmp_path, caplo
         f.write(b"\0")
     assert graph_classifier.load(u, ln, 2, "auto") is None
     shutil.copy(made / "predictors" / "length" / "model.safetensors", ln / "model.safetensors")
-    graph_path(u, ["urgency", "length", "pooledmean"], int8=True).write_bytes(b"not a graph")
+    int8_path(graph_path(u, ["urgency", "length", "pooledmean"])).write_bytes(b"not a graph")
     with caplog.at_level("WARNING"):
         assert graph_classifier.load(u, ln, 2, "auto") is None
     assert "did not load alone" in caplog.text

@@ -1,6 +1,7 @@
 """Both predictors served from their stamped ONNX graph alone: no torch, no transformers.
 
-A first start loads the urgency and length models in PyTorch, checks that they share an
+The first load after training (`triage train all` does it, so the setup script leaves the
+graph made) loads the urgency and length models in PyTorch, checks that they share an
 encoder (`model.shares_encoder`), then exports, quantises and checks one graph for both
 heads and the pooled vector (`predictors.onnx_graph`), and from then on runs only that
 graph. Every later start would repeat the PyTorch load just to find the graph already

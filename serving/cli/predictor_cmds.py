@@ -133,6 +133,23 @@ def train_all(if_missing: Annotated[bool, typer.Option("--if-missing", help="ski
             continue
         _train(kind, None, _config(kind, epochs, None, None, threads, None), encoder if kind == "urgency" else None, None)
         trained_urgency |= kind == "urgency"
+    bake_graph()
+
+
+def bake_graph() -> None:
+    """Make the predictors' shared ONNX graph now, if the weights on disk have none yet
+    (`predictors.graph_classifier`): else the service's first start would load both models
+    in PyTorch, export, quantise and check it (~30 s, ~900 MB) while it comes up, and on
+    2026-11-29 that first start's front end stalled 6.8 s in the first burst it served."""
+    import time
+
+    from predictors.graph_classifier import GraphClassifier
+    from predictors.service import Predictor
+
+    t0 = time.perf_counter()
+    p = Predictor()   # loads the graph alone when it exists (under a second), else makes it
+    how = "its ONNX graph found" if isinstance(p.urgency, GraphClassifier) else "ONNX graph made"
+    typer.echo(f"predictors ready: {how} in {time.perf_counter() - t0:.1f} s", err=True)
 
 
 def _load_predictor(threads: int, runtime: str):

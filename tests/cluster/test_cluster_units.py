@@ -200,6 +200,57 @@ def test_load_is_polled_fast_only_while_the_front_end_routes():
     asyncio.run(run())
 
 
+async def _instance_server(hits: dict[str, int], load_ok: list[bool]):
+    """A real HTTP server answering GET /health and GET /triage/load (an empty snapshot, or
+    500 while `load_ok[0]` is False); `hits` counts the requests by path."""
+    async def handle(reader, writer):
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        path = head.split()[1]
+        hits[path] = hits.get(path, 0) + 1
+        body = b'{"scheduler": "TriageScheduler", "waiting": [], "running": [], "free_blocks": 100}'
+        status = b"200 OK" if path == "/health" or load_ok[0] else b"500 Internal Server Error"
+        body = body if path != "/health" else b""
+        writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_load_polls_stand_in_for_health_checks_and_a_dead_instance_still_leaves():
+    """While calls are routed the instance answers a load poll every poll_s: the front end
+    sends no /health of its own then (each is a request its CPU pays for, on the engines'
+    cores); when the polls stop being answered the health checks resume, and an instance
+    that stops listening is out of rotation at once as before."""
+    async def run():
+        hits: dict[str, int] = {}
+        load_ok = [True]
+        server = await _instance_server(hits, load_ok)
+        port = server.sockets[0].getsockname()[1]
+        timing = Timing(poll_s=0.05, idle_poll_s=0.05, health_s=0.2, down_after_s=1.0, timeout_s=0.5)
+        inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
+        inst.checked, inst.state, inst.has_triage, inst.last_health = True, UP, True, time.time()
+        async with httpx.AsyncClient() as client:
+            tasks = [asyncio.create_task(inst.load_loop(client)),
+                     asyncio.create_task(inst.health_loop(client, "m", False))]
+            await asyncio.sleep(1.2)
+            assert hits.get("/triage/load", 0) >= 10 and hits.get("/health", 0) <= 1, hits
+            assert inst.state == UP
+            load_ok[0] = False                       # polls fail (500): /health speaks again
+            await asyncio.sleep(0.5)
+            h = hits.get("/health", 0)
+            assert h >= 2 and inst.state == UP, hits
+            server.close()
+            await server.wait_closed()               # nothing listens: out at once
+            await asyncio.sleep(0.4)
+            assert inst.state == DOWN and "ConnectError" in inst.reason
+            for t in tasks:
+                t.cancel()
+
+    asyncio.run(run())
+
+
 def test_live_and_simulated_routing_share_one_class():
     """The remote backend builds its router with triage.routing.make_router, the very
     function (and classes) simulate_cluster uses; GoRouting runs on RemoteInstance loads."""

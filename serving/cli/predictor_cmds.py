@@ -148,7 +148,9 @@ def bake_graph() -> None:
 
     t0 = time.perf_counter()
     p = Predictor()   # loads the graph alone when it exists (under a second), else makes it
-    how = "its ONNX graph found" if isinstance(p.urgency, GraphClassifier) else "ONNX graph made"
+    runtime = str(getattr(p.urgency, "runtime", ""))
+    how = ("its ONNX graph found" if isinstance(p.urgency, GraphClassifier)
+           else "ONNX graph made" if runtime.startswith("onnx") else f"runtime {runtime}, no graph")
     typer.echo(f"predictors ready: {how} in {time.perf_counter() - t0:.1f} s", err=True)
 
 

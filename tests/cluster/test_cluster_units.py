@@ -150,14 +150,17 @@ def test_a_slow_health_answer_is_not_a_dead_instance():
     asyncio.run(run())
 
 
-async def _load_server(hits: list[float]):
-    """A real HTTP server answering GET /triage/load with an empty snapshot; `hits` gets
-    the time of every request."""
+async def _instance_server(hits: dict[str, list[float]], load_ok: list[bool]):
+    """A real HTTP server answering GET /health and GET /triage/load (an empty snapshot, or
+    500 while `load_ok[0]` is False); `hits` gets the time of every request, by path."""
     async def handle(reader, writer):
-        await reader.readuntil(b"\r\n\r\n")
-        hits.append(time.monotonic())
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        path = head.split()[1]
+        hits.setdefault(path, []).append(time.monotonic())
         body = b'{"scheduler": "TriageScheduler", "waiting": [], "running": [], "free_blocks": 100}'
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        status = b"200 OK" if path == "/health" or load_ok[0] else b"500 Internal Server Error"
+        body = body if path != "/health" else b""
+        writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
                      + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
         await writer.drain()
         writer.close()
@@ -170,8 +173,9 @@ def test_load_is_polled_fast_only_while_the_front_end_routes():
     idle_poll_s, not every poll_s (each poll is a control call between two engine steps);
     the first dispatch after a quiet spell polls at once, and dispatching keeps the fast pace."""
     async def run():
-        hits: list[float] = []
-        server = await _load_server(hits)
+        polls: dict[str, list[float]] = {}
+        server = await _instance_server(polls, [True])
+        hits = polls.setdefault("/triage/load", [])
         port = server.sockets[0].getsockname()[1]
         timing = Timing(poll_s=0.05, idle_poll_s=0.6, busy_s=0.3)
         inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
@@ -200,33 +204,16 @@ def test_load_is_polled_fast_only_while_the_front_end_routes():
     asyncio.run(run())
 
 
-async def _instance_server(hits: dict[str, int], load_ok: list[bool]):
-    """A real HTTP server answering GET /health and GET /triage/load (an empty snapshot, or
-    500 while `load_ok[0]` is False); `hits` counts the requests by path."""
-    async def handle(reader, writer):
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        path = head.split()[1]
-        hits[path] = hits.get(path, 0) + 1
-        body = b'{"scheduler": "TriageScheduler", "waiting": [], "running": [], "free_blocks": 100}'
-        status = b"200 OK" if path == "/health" or load_ok[0] else b"500 Internal Server Error"
-        body = body if path != "/health" else b""
-        writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
-                     + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
-        await writer.drain()
-        writer.close()
-
-    return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-
 def test_load_polls_stand_in_for_health_checks_and_a_dead_instance_still_leaves():
     """While calls are routed the instance answers a load poll every poll_s: the front end
     sends no /health of its own then (each is a request its CPU pays for, on the engines'
     cores); when the polls stop being answered the health checks resume, and an instance
     that stops listening is out of rotation at once as before."""
     async def run():
-        hits: dict[str, int] = {}
+        hits: dict[str, list[float]] = {}
         load_ok = [True]
         server = await _instance_server(hits, load_ok)
+        n = lambda path: len(hits.get(path, []))  # noqa: E731
         port = server.sockets[0].getsockname()[1]
         timing = Timing(poll_s=0.05, idle_poll_s=0.05, health_s=0.2, down_after_s=1.0, timeout_s=0.5)
         inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
@@ -235,12 +222,11 @@ def test_load_polls_stand_in_for_health_checks_and_a_dead_instance_still_leaves(
             tasks = [asyncio.create_task(inst.load_loop(client)),
                      asyncio.create_task(inst.health_loop(client, "m", False))]
             await asyncio.sleep(1.2)
-            assert hits.get("/triage/load", 0) >= 10 and hits.get("/health", 0) <= 1, hits
+            assert n("/triage/load") >= 10 and n("/health") <= 1, {p: len(h) for p, h in hits.items()}
             assert inst.state == UP
             load_ok[0] = False                       # polls fail (500): /health speaks again
             await asyncio.sleep(0.5)
-            h = hits.get("/health", 0)
-            assert h >= 2 and inst.state == UP, hits
+            assert n("/health") >= 2 and inst.state == UP, {p: len(h) for p, h in hits.items()}
             server.close()
             await server.wait_closed()               # nothing listens: out at once
             await asyncio.sleep(0.4)

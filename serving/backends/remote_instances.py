@@ -399,8 +399,9 @@ class RemoteInstance:
                     if self.has_triage:
                         r = await client.get(self.url + "/triage/load", timeout=t.max_stale_s)
                         if r.status_code == 200:
-                            self.take_snapshot(r.json(), time.time())
-                            self.heard_from(time.time())
+                            now = time.time()
+                            self.take_snapshot(r.json(), now)
+                            self.heard_from(now)
                     else:
                         r = await client.get(self.url + "/metrics", timeout=t.max_stale_s)
                         if r.status_code == 200:

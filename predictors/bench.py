@@ -12,10 +12,10 @@ import time
 import numpy as np
 
 from predictors.corpus import load_corpus
-from predictors.service import PredictorService
+from predictors.service import DEFAULT_MAX_BATCH, PredictorService
 
 
-async def run_bench(rate: float, seconds: float, strategy: str = "immediate", max_batch: int = 32, max_wait_ms: float = 10.0,
+async def run_bench(rate: float, seconds: float, strategy: str = "immediate", max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = 10.0,
                     threads: int = 2, runtime: str = "auto", seed: int = 0, service: PredictorService | None = None) -> dict:
     if rate <= 0 or seconds <= 0:
         raise ValueError("rate and seconds must be positive")

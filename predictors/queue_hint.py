@@ -20,8 +20,9 @@ level from the classifier, and a text it misjudges waits as it would have withou
 Opt-in (setting `predictor_queue_hint`, off by default): on real ED texts (KTAS) it ranks
 0.81 of gold level-1 visits first against 1-3 % of levels 3-5, but on lay vignettes
 (Semigran) it is no guide (emergencies 0.07 at rank 0, self-care 0.20), and live on a slow
-2-core VM it moved ESI-1's first token by less than the run-to-run spread, because the
-front end's event loop, not the classifier, was the queue there (docs/predictors.md).
+2-core VM it moved ESI-1's first token by less than the run-to-run spread: with batches of 4
+it cut ESI-1's wait in the front end from ~1.1 s to ~0.2 s p50, but there the ESI-1 prompts
+then queued in the engines instead (docs/predictors.md, 2026-11-29).
 
 The fitted model is cached beside the urgency model (`queue_hint.pkl`, keyed by the
 corpus's hash; refitted in ~1 s when missing or stale).

@@ -129,6 +129,13 @@ class Predictor:
         return [p.level for p in self.predict(texts)]
 
 
+# Texts a batch takes. The int8 graph runs one text per pass, so a batch saves only the
+# per-call Python around the passes (~0.3 ms a text at 32 against 4 on a slow 2-core VM),
+# while every text of it learns its level when the last is done: on that VM, with the
+# engines on the same cores, a batch of 32 took 0.6-0.9 s in a spike (docs/predictors.md).
+DEFAULT_MAX_BATCH = 4
+
+
 @dataclass
 class _Item:
     text: str
@@ -152,7 +159,7 @@ _STOP = object()
 class PredictorService:
     """Micro-batching front of a `Predictor`, safe to call from any number of coroutines."""
 
-    def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = 32,
+    def __init__(self, predictor: Predictor | None = None, *, strategy: str = "immediate", max_batch: int = DEFAULT_MAX_BATCH,
                  max_wait_ms: float = 10.0, threads: int = 2, runtime: str = "auto",
                  urgency_dir: str | Path | None = None, length_dir: str | Path | None = None,
                  queue_hint: bool = False):

@@ -277,7 +277,7 @@ async def _start_predictor(s: Settings):
     from predictors.service import PredictorService
 
     d = Path(s.predictors_dir) if s.predictors_dir else None
-    svc = PredictorService(strategy=s.predictor_strategy, threads=s.predictor_threads, runtime=s.predictor_runtime,
+    svc = PredictorService(strategy=s.predictor_strategy, max_batch=s.predictor_max_batch, threads=s.predictor_threads, runtime=s.predictor_runtime,
                            urgency_dir=d / "urgency" if d else None, length_dir=d / "length" if d else None,
                            queue_hint=s.predictor_queue_hint)
     try:

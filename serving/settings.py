@@ -143,6 +143,7 @@ class Settings(BaseSettings):
 
     # predictors
     predictor_strategy: Literal["immediate", "full"] = "immediate"
+    predictor_max_batch: int = Field(4, gt=0)   # texts classified together, whose levels come back together (predictors.service.DEFAULT_MAX_BATCH)
     predictor_queue_hint: bool = False  # classify a backlog probably-urgent first (predictors.queue_hint; opt-in, docs/predictors.md)
     # 2: a call's ONNX pass takes ~4.5 ms of both cores instead of ~5.6 ms of one; a 2-core CPU
     # engine, whose OpenMP threads wait for each other at every layer, stalls that much less

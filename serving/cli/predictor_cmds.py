@@ -330,7 +330,7 @@ def bench_classify(
     seconds: Annotated[float, typer.Option(help="how long to offer load")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     strategy: Annotated[str, typer.Option(help="immediate | full")] = "immediate",
-    max_batch: Annotated[int, typer.Option(help="micro-batch size cap")] = 32,
+    max_batch: Annotated[int, typer.Option(help="micro-batch size cap")] = 4,   # predictors.service.DEFAULT_MAX_BATCH
     max_wait_ms: Annotated[float, typer.Option(help="full batching: longest wait for a batch to fill")] = 10.0,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
     runtime: Runtime = "auto",

@@ -8,6 +8,9 @@ corpus rows, one epoch; about a minute on 2 cores). No file name here may shadow
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,19 @@ def shipped():
     if not (default_model_dir("length") / META_FILE).exists():
         train_length()
     return Predictor()
+
+
+@pytest.fixture(scope="session")
+def baked_home(trained_home, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A home as training leaves it (the weights, no ONNX graph), after `triage train all
+    --if-missing` (the setup script's step, which makes the graph: fp32 and, where it passes
+    its check, int8) ran on it: (the home, that run). Made once: making the graph is the
+    costliest step of these tests (an export, a quantisation and their checks)."""
+    from triage.paths import REPO_ROOT
+
+    home = tmp_path_factory.mktemp("baked") / "home"
+    shutil.copytree(trained_home / "predictors", home / "predictors", ignore=shutil.ignore_patterns("onnx-*"))
+    assert not list(home.rglob("onnx-*"))
+    run = subprocess.run([sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"], cwd=REPO_ROOT,
+                         env={**os.environ, "TRIAGE_HOME": str(home)}, capture_output=True, text=True, timeout=600)
+    return home, run

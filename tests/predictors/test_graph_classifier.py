@@ -106,18 +106,15 @@ def test_new_weights_or_a_damaged_graph_take_the_full_load(made, tmp_path, caplo
     assert (ln / "triage_meta.json").read_text() == meta
 
 
-def test_setup_leaves_the_graph_made_so_the_first_start_needs_no_torch(made, tmp_path):
+def test_setup_leaves_the_graph_made_so_the_first_start_needs_no_torch(baked_home):
     """`triage train all --if-missing` (the setup script's step) on trained weights without
     a graph makes it; the service's first start then loads the graph alone."""
-    home = tmp_path / "home"
-    shutil.copytree(made / "predictors", home / "predictors", ignore=shutil.ignore_patterns("onnx-*"))
+    home, first = baked_home
     u, ln = _dirs(home)
-    assert graph_classifier.load(u, ln, 2, "auto") is None
-    env = {**os.environ, "TRIAGE_HOME": str(home)}
-    cmd = [sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"]
-    first = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "skipping" in first.stderr and "ONNX graph made" in first.stderr   # nothing retrained
     assert graph_classifier.load(u, ln, 2, "auto") is not None
+    env = {**os.environ, "TRIAGE_HOME": str(home)}
+    cmd = [sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"]
     again = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "its ONNX graph found" in again.stderr, again.stderr[-2000:]

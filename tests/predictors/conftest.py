@@ -72,11 +72,15 @@ def baked_home(trained_home, tmp_path_factory) -> tuple[Path, subprocess.Complet
     --if-missing` (the setup script's step, which makes the graph: fp32 and, where it passes
     its check, int8) ran on it: (the home, that run). Made once: making the graph is the
     costliest step of these tests (an export, a quantisation and their checks)."""
-    from triage.paths import REPO_ROOT
-
     home = tmp_path_factory.mktemp("baked") / "home"
     shutil.copytree(trained_home / "predictors", home / "predictors", ignore=shutil.ignore_patterns("onnx-*"))
     assert not list(home.rglob("onnx-*"))
-    run = subprocess.run([sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"], cwd=REPO_ROOT,
-                         env={**os.environ, "TRIAGE_HOME": str(home)}, capture_output=True, text=True, timeout=600)
-    return home, run
+    return home, train_all_if_missing(home)
+
+
+def train_all_if_missing(home: Path) -> subprocess.CompletedProcess:
+    """`triage train all --if-missing` (the setup script's step) on the predictors' home `home`."""
+    from triage.paths import REPO_ROOT
+
+    return subprocess.run([sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"], cwd=REPO_ROOT,
+                          env={**os.environ, "TRIAGE_HOME": str(home)}, capture_output=True, text=True, timeout=600)

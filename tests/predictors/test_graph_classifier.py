@@ -2,7 +2,6 @@
 the full load, and the full load whenever the graph cannot be trusted."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from predictors.onnx_graph import graph_path, int8_path
 from predictors.service import Predictor
 from triage.paths import REPO_ROOT
 
+from conftest import train_all_if_missing
 from test_pred_model import EDGE_TEXTS
 
 
@@ -114,7 +114,5 @@ def test_setup_leaves_the_graph_made_so_the_first_start_needs_no_torch(baked_hom
     assert first.returncode == 0, first.stderr[-2000:]
     assert "skipping" in first.stderr and "ONNX graph made" in first.stderr   # nothing retrained
     assert graph_classifier.load(u, ln, 2, "auto") is not None
-    env = {**os.environ, "TRIAGE_HOME": str(home)}
-    cmd = [sys.executable, "-m", "serving.cli", "train", "all", "--if-missing"]
-    again = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    again = train_all_if_missing(home)
     assert again.returncode == 0 and "its ONNX graph found" in again.stderr, again.stderr[-2000:]

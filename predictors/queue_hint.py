@@ -5,7 +5,7 @@ spike the calls arrive faster than it classifies them on cores it shares with th
 Its queue was first come, first served, so an ESI-1 call waited behind every chat prompt
 that came before it, only to learn afterwards that it was urgent (measured on a 2-core
 AVX2 VM, 196 calls within 3 s to two instances: every level waited 1.3-1.6 s p50 in the
-front end before its level was known; docs/deploy.md).
+front end before its level was known; docs/measurements/cluster.md).
 
 `QueueHint` is a cascade's cheap first stage: a word uni/bigram TF-IDF and a logistic
 regression on the corpus's train split (`data/triage/corpus.jsonl`, never KTAS or

@@ -308,7 +308,7 @@ class TriageEngine:
         self._standby_error = None
         # the build (loading, compiling) takes the CPU from the serving engine for tens of
         # seconds, and its scheduler would learn that slowness as this machine's speed, then
-        # carry it into the next burst (steps planned 3x too long; docs/preemption.md): what it
+        # carry it into the next burst (steps planned 3x too long; docs/measurements/single-engine.md): what it
         # learnt before the build is put back after it
         learnt = await self._learnt()
         try:

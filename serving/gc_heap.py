@@ -7,7 +7,7 @@ models' Python wrappers; ~190,000 in a `--backend remote` front end, which loads
 one, during which the event loop, the classifier thread and every stream stop. One comes
 every few hundred thousand surviving allocations, i.e. now and then under load: a stall
 that no single call causes (the loop watchdog's "the whole front end runs slowly at those
-moments", docs/deploy.md). vLLM's own API server and engine core do what `freeze_heap`
+moments", docs/measurements/cluster.md). vLLM's own API server and engine core do what `freeze_heap`
 does after start-up (`vllm.utils.gc_utils.freeze_gc_heap`): collect once, then move every
 object alive into the permanent generation, which later collections skip. Objects made
 afterwards are collected as usual.

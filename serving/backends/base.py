@@ -56,7 +56,7 @@ def stream_interval(setting: int, level: int, classes: PriorityClasses, tpot_slo
     the most urgent level or when the setting is 1; else the setting, cut so that a chunk
     takes at most half the call's TPOT SLO at the engine's measured time a token `token_s`
     (None: not measured yet). Fewer chunks cost the engine's output path, the instances'
-    HTTP servers and the front end less CPU a token (docs/deploy.md); the first and the last
+    HTTP servers and the front end less CPU a token (docs/measurements/cluster.md); the first and the last
     token always go at once (vLLM)."""
     if setting <= 1 or level <= classes.most_urgent:
         return None

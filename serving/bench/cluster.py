@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 # service runs its engine (`EngineConfig.engine_nice`): on a slow 2-core VM niced engines
 # spent 13-22 CPU-s more a burst than stock's and served fewer tokens/s (0.76x against
 # 0.80-0.84x of stock's at 0), while calls waited 0.23 s (p50) in the front end against
-# 0.54-0.60 s at 0, for the same ESI-1 first token overall (docs/deploy.md, 2026-11-26).
+# 0.54-0.60 s at 0, for the same ESI-1 first token overall (docs/measurements/cluster.md, 2026-11-26).
 ENGINE_NICE = 0
 
 
@@ -88,7 +88,7 @@ def _popen(cmd: list[str], env: dict, log: Path, nice: int) -> subprocess.Popen:
     equal claim on the CPU, and nice values count only inside a group: instances in
     sessions of their own competed with the front end as equals however far their engines
     were niced, and calls waited 0.03-2.3 s (p50) in the front end before hand-over; in
-    one session, 11-16 ms (docs/deploy.md, 2026-11-26)."""
+    one session, 11-16 ms (docs/measurements/cluster.md, 2026-11-26)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     pre = ["nice", "-n", str(nice)] if nice else []
     with log.open("ab") as f:

@@ -93,7 +93,7 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
     """Start `name`, time an idle call, replay `calls` `reps` times, stop it. Before each
     repetition the prefix cache is emptied (unless `warm_cache`): the same calls again would
     find their prompts cached, which new calls never do (measured: 5,211 prompt tokens
-    computed in a first burst, 1,250 in a repeat; docs/preemption.md)."""
+    computed in a first burst, 1,250 in a repeat; docs/measurements/single-engine.md)."""
     turn = Turn()
     with start_system(name, sizes, port=port, workdir=workdir / dir_name(name), model=model,
                       triage_env=triage_env) as srv:

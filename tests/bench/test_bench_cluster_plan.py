@@ -43,7 +43,7 @@ def test_an_instances_engine_children_run_below_it():
     """What wait_instance does once an instance answers, with `--engine-nice 5`: its child
     processes (vLLM's EngineCore and workers) get 5 more, the instance's own HTTP process
     none, so the front end's classifier and the instances' HTTP servers win the CPU from
-    the engines (a starved front end once held ESI-1 calls 9.4 s, docs/deploy.md)."""
+    the engines (a starved front end once held ESI-1 calls 9.4 s, docs/measurements/cluster.md)."""
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
     try:

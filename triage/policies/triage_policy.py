@@ -43,7 +43,7 @@ docs/preemption.md): strict urgency with decode-first batching:
        a step of the running decodes), and it displaces when its time to deadline is
        below `safety` times that wait. A recompute costs the victim's whole prompt and output again, so a
        displacement that no SLO needs is throughput lost for everyone (measured:
-       docs/preemption.md, trace replay);
+       docs/measurements/single-engine.md, trace replay);
     2. batch: protected requests; every running decode (cheap, keeps the seats
        productive); then the rest by level, a preempted request first within its level,
        then remain. With `short_first_step` (default), a step in which a protected
@@ -61,7 +61,7 @@ docs/preemption.md): strict urgency with decode-first batching:
        take less than a step's fixed time t_c takes the whole prompt (the rest would cost its
        request one more step). Measured live: 10 of 42 ESI-1 prompts of a burst had been
        split, each paying a whole extra step (0.3-0.6 s) for as few as 4 tokens
-       (docs/preemption.md).
+       (docs/measurements/single-engine.md).
 Both modes: `max_step_s` caps a step (in the profiled machine's seconds, so x the online
 step-time correction β on this one; never below the running decodes plus half of it
 for prefill; a protected request always gets its seat), so a newly arrived urgent

@@ -61,7 +61,7 @@ Routing between two full instances is then decided by n_d·b_d alone, that is by
 percent of online β or mean context, and not by how many requests wait on each. Measured
 live (2026-11-28, the 196-call burst on two one-core CPU instances of 32 seats): 106-107
 calls went to one instance and 89-90 to the other, 16 % more output tokens, and the busier
-one finished 4.6 s after the other (docs/deploy.md). With `seat_aware` (the default), where
+one finished 4.6 s after the other (docs/measurements/cluster.md). With `seat_aware` (the default), where
 the instance reports its seats (`InstanceLoad.seats`: a live instance's `/triage/load`, a
 simulated engine's limits), only the first max(0, seats − decodes holding seats) queued
 prefills have the elapsed time taken off; the others count in full. Under the level view
@@ -77,14 +77,14 @@ before it) waits about k/ahead of the time the instance needs to generate the to
 calls still have to produce (predicted: the length head's estimate less what each has
 generated), at one token per seat per step of β·t_c + seats·b_d. That time is added to
 EXEC(p). Without it a burst's level-5 calls split by their prompts' prefill time: live, 50 / 43
-level-5 calls left one of two instances 18 % more output tokens (docs/deploy.md).
+level-5 calls left one of two instances 18 % more output tokens (docs/measurements/cluster.md).
 
 Line 13 among instances it cannot tell apart (not in the seed): light instances whose EXECs
 are within one step's fixed cost (β·t_c) of the least count as equally idle, and the one
 with the fewest requests at least as urgent in flight (queued or decoding) gets the request.
 Under the level view an ESI-1 call waits behind ESI-1 prefills only, so between two instances
 with none queued the seed's argmin fell to n_d·b_d and the lowest index: live, 21-22 of a
-burst's 35 ESI-1 calls went to one of two instances (docs/deploy.md).
+burst's 35 ESI-1 calls went to one of two instances (docs/measurements/cluster.md).
 
 Fallback when no instance gains (Δmax ≤ 0: the request's first token misses everywhere):
 the seed's line 19 picks at random. Its co-located gain counts first tokens only and
@@ -126,7 +126,7 @@ class _Queue:
     queue twice, and a wave of n dispatches in one event-loop turn must cost O(n) numpy work
     per route, not O(n) Python calls (measured: 400 queued requests, 2 instances, ~2 s of
     Python per wave on a loaded 2-core VM, which stalled the front end's event loop;
-    docs/deploy.md). Decodes are at most an instance's seats."""
+    docs/measurements/cluster.md). Decodes are at most an instance's seats."""
 
     __slots__ = ("reqs", "ts", "dec", "_cols")
 

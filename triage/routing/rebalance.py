@@ -4,7 +4,7 @@ seed; the router places a call once, on predictions).
 A router places each call when it arrives, on predicted answer lengths. When the real
 lengths differ, one instance runs out of work while calls still wait for a seat on
 another: at the end of a 196-call burst on two instances, the one that finished first
-idled 1.4-4.6 s (docs/deploy.md), a few percent of the burst's throughput. Stock vLLM
+idled 1.4-4.6 s (docs/measurements/cluster.md), a few percent of the burst's throughput. Stock vLLM
 behind a round robin has the same tail. Here, while an instance has a free seat and
 nothing queued, a call that has waited at least `min_wait_s` on another instance without
 starting (nothing computed, no token) moves to it: of those, first the call its instance
@@ -12,7 +12,7 @@ would serve last (least urgent, latest deadline), and only while a move lowers t
 of the two instances' predicted output tokens still to come (the instance a call waits on
 frees seats too, as its own calls finish: on 2026-11-28 a free instance took all 28 calls
 waiting on its neighbour in one round, and the neighbour then idled 3.7 s while the thief
-ran them; docs/deploy.md). It has cost nothing where it waited, so the move costs one
+ran them; docs/measurements/cluster.md). It has cost nothing where it waited, so the move costs one
 dispatch (if its instance admits it in the instant of the move, one prefill). A call moves
 at most once.
 

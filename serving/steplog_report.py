@@ -101,6 +101,23 @@ def step_cost(rows: list[dict]) -> dict | None:
             "steps": int(keep.sum()), "dropped": int((~keep).sum())}
 
 
+def _free_while_waiting(w: list[dict], seats: int) -> dict:
+    """Capacity a spell's steps left unused while calls waited: the steps that ran fewer
+    than `seats` requests with a queue, the seats they could have filled (free seats, at
+    most the calls waiting) and those seats x the step's time until the next (seat-seconds).
+    A burst's ramp shows here: the step cap and an urgent call's short first step admit a
+    prompt or two a step while seats stand free, where a scheduler filling every seat in
+    one long step shows none (and an urgent arrival waits for that step)."""
+    steps, seat_steps, seat_s = 0, 0, 0.0
+    for i, r in enumerate(w):
+        free = min(seats - len(r["ran"]), r.get("waiting", 0))
+        if free <= 0:
+            continue
+        dur = (w[i + 1]["t"] - r["t"]) if i + 1 < len(w) else (r.get("exec_ms") or 0) / 1000
+        steps, seat_steps, seat_s = steps + 1, seat_steps + free, seat_s + free * dur
+    return {"steps": steps, "seat_steps": seat_steps, "seat_s": round(seat_s, 3)}
+
+
 def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
     """The report `triage steps --json` prints (module docstring)."""
     a, b = busy_window(rows, idle_gap_s)
@@ -134,6 +151,7 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
             "steps_to_last_admission": last_wait,
             "tail": {"steps": len(w) - 1 - last_wait, "s": round(w[-1]["t"] - w[last_wait]["t"], 3)},
             "mean_running": round(sum(len(r["ran"]) for r in w) / len(w), 2),
+            "seats_free_while_waiting": _free_while_waiting(w, seats),
             "decodes": sum(_decodes(r) for r in w), "prompt_tokens": sum(_prompt_tokens(r) for r in w),
             "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
             "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),

@@ -59,6 +59,9 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
               f"({b['seats_full_after']['s']:.2f} s); queue empty after {b['steps_to_last_admission']} steps; "
               f"tail {b['tail']['steps']} steps ({b['tail']['s']:.2f} s); {b['mean_running']} running a step on average; "
               f"{b['decodes']} decodes, {b['prompt_tokens']} prompt tokens")
+    f = b["seats_free_while_waiting"]
+    con.print(f"seats free while calls waited: {f['seat_steps']} seat-steps in {f['steps']} steps "
+              f"({f['seat_s']:.2f} seat-seconds)")
     if c:
         con.print(f"a step's model time ≈ {c['fixed_ms']} ms + {c['per_decode_ms']} ms a decode + "
                   f"{c['per_prompt_token_ms']} ms a prompt token (residual s.d. {c['residual_sd_ms']} ms, {c['steps']} steps)")

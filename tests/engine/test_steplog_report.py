@@ -150,3 +150,15 @@ def test_a_long_step_is_not_an_idle_gap():
             _step(3, 4.7, [[r, 2, 1, "decode"] for r in "abcd"], 0)]
     assert busy_window(rows) == (1, 3)
     assert summarize(rows)["busy"]["prompt_tokens"] == 160
+
+
+def test_seats_left_free_while_calls_waited_are_counted_in_seat_seconds():
+    """4 seats. Step 0 runs one prompt with three calls waiting (3 seats free, 3 waiting:
+    3 for 0.5 s); step 1 runs two with three waiting (2 free for 0.25 s); step 2 runs all
+    four seats with one waiting (none free); step 3 runs three with nobody waiting (free
+    seats but no queue: not counted)."""
+    p = [["p", 1, 60, "prefill"]]
+    d = [["d", 5, 1, "decode"]]
+    rows = [_step(0, 10.0, p, 3), _step(1, 10.5, p + d, 3), _step(2, 10.75, p + d * 3, 1), _step(3, 11.0, d * 3, 0)]
+    f = summarize(rows)["busy"]["seats_free_while_waiting"]
+    assert f == {"steps": 2, "seat_steps": 5, "seat_s": 2.0}   # 3 x 0.5 + 2 x 0.25

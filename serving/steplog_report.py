@@ -5,10 +5,13 @@ of the model time on decodes and prompt tokens), what was preempted and why, and
 level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
 follows one call instead (`follow`).
 
-The busy spell is the stretch with a queue: from the step before the first that left a
+A busy spell is a stretch with a queue: from the step before the first that left a
 request waiting (unless an idle gap comes between them) to the last step before an idle
-gap (`idle_gap_s` in which no step ran) after the queue last held one. A log in which nothing
-ever waited is read whole.
+gap (`idle_gap_s` in which no step ran) after the queue last held one. One log can hold
+several: bursts apart in time, or engines started one after another writing to one file
+(`bench serve` taking turns; a step number that does not grow starts a new engine's
+steps). Each is found and listed; the report reads one of them in full (the first unless
+asked). A log in which nothing ever waited is read whole.
 """
 from __future__ import annotations
 
@@ -45,17 +48,35 @@ def load(path: str | Path) -> list[dict]:
     return rows
 
 
-def busy_window(rows: list[dict], idle_gap_s: float = 1.0) -> tuple[int, int]:
-    """(first, last) index of the busy spell (module docstring), inclusive."""
-    waited = [i for i, r in enumerate(rows) if r.get("waiting", 0) > 0]
-    if not waited:
-        return 0, len(rows) - 1
-    start, end = waited[0], waited[-1]
-    if start > 0 and _idle_before(rows, start) < idle_gap_s:
-        start -= 1   # the step that admitted the first arrivals, unless an idle gap comes between
-    while end + 1 < len(rows) and _idle_before(rows, end + 1) < idle_gap_s:
-        end += 1
-    return start, end
+def busy_windows(rows: list[dict], idle_gap_s: float = 1.0) -> list[tuple[int, int]]:
+    """(first, last) index of every busy spell (module docstring), inclusive, in order;
+    the whole log as one when nothing ever waited."""
+    out: list[tuple[int, int]] = []
+    a = 0
+    for b in range(1, len(rows) + 1):   # stretches of steps, cut at idle gaps and engine restarts
+        if b < len(rows) and not _breaks(rows, b, idle_gap_s):
+            continue
+        waited = [i for i in range(a, b) if rows[i].get("waiting", 0) > 0]
+        if waited:   # from the step that admitted the first arrivals to the stretch's end
+            out.append((max(a, waited[0] - 1), b - 1))
+        a = b
+    return out or [(0, len(rows) - 1)]
+
+
+def busy_window(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> tuple[int, int]:
+    """(first, last) index of the `spell`-th busy spell (from 1), inclusive."""
+    spells = busy_windows(rows, idle_gap_s)
+    if not 1 <= spell <= len(spells):
+        raise StepLogError(f"the log holds {len(spells)} busy spell{'s' * (len(spells) != 1)}, not a spell {spell}")
+    return spells[spell - 1]
+
+
+def _breaks(rows: list[dict], i: int, idle_gap_s: float) -> bool:
+    """Step record i begins a new stretch: an idle gap before it, or another engine's steps
+    (its step number does not follow on)."""
+    prev, step = rows[i - 1].get("step"), rows[i].get("step")
+    restarted = prev is not None and step is not None and step <= prev
+    return restarted or _idle_before(rows, i) >= idle_gap_s
 
 
 def _idle_before(rows: list[dict], i: int) -> float:
@@ -118,15 +139,12 @@ def _free_while_waiting(w: list[dict], seats: int) -> dict:
     return {"steps": steps, "seat_steps": seat_steps, "seat_s": round(seat_s, 3)}
 
 
-def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
-    """The report `triage steps --json` prints (module docstring)."""
-    a, b = busy_window(rows, idle_gap_s)
+def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict:
+    """The report `triage steps --json` prints (module docstring): `busy` and the rest for
+    the `spell`-th busy spell, and `spells`, every spell's `busy` figures."""
+    spells = busy_windows(rows, idle_gap_s)
+    a, b = busy_window(rows, idle_gap_s, spell)
     w = rows[a:b + 1]
-    t0 = w[0]["t"]
-    seats = max(len(r["ran"]) for r in w)
-    full = next(i for i, r in enumerate(w) if len(r["ran"]) >= seats)
-    waited = [i for i, r in enumerate(w) if r.get("waiting", 0) > 0]
-    last_wait = waited[-1] if waited else 0
     calls = defaultdict(lambda: [None, 1, 0])   # id -> [level, answer tokens, prompt tokens]
     for r in w:
         for rid, lvl, k, kind in r["ran"]:
@@ -143,20 +161,9 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
     pre = [p for r in w for p in r.get("preempted", [])]
     return {
         "steps": len(rows),
-        "busy": {
-            "first_step": w[0].get("step"), "last_step": w[-1].get("step"), "steps": len(w),
-            "wall_s": round(w[-1]["t"] - t0, 3),
-            "seats_seen": seats,
-            "seats_full_after": {"steps": full, "s": round(w[full]["t"] - t0, 3)},
-            "steps_to_last_admission": last_wait,
-            "tail": {"steps": len(w) - 1 - last_wait, "s": round(w[-1]["t"] - w[last_wait]["t"], 3)},
-            "mean_running": round(sum(len(r["ran"]) for r in w) / len(w), 2),
-            "seats_free_while_waiting": _free_while_waiting(w, seats),
-            "decodes": sum(_decodes(r) for r in w), "prompt_tokens": sum(_prompt_tokens(r) for r in w),
-            "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
-            "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
-            "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
-        },
+        "spell": spell,
+        "busy": _busy(w),
+        "spells": [_busy(rows[i:j + 1]) for i, j in spells],
         "step_cost": step_cost(w),   # the spell only: an idle engine's steps run slower (cold caches, clocks)
         "preemptions": {"n": len(pre), "by_reason": dict(Counter(p.get("reason") for p in pre)),
                         "by_mode": dict(Counter(p.get("mode") for p in pre))},
@@ -167,14 +174,39 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0) -> dict:
     }
 
 
-def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0) -> Path:
-    """PNG of the busy spell: requests running and waiting at each step, and each step's
+def _busy(w: list[dict]) -> dict:
+    """One busy spell's figures: its steps and time, how long the seats took to fill, the
+    steps that ran every seat, the steps until the queue emptied and the tail after it."""
+    t0 = w[0]["t"]
+    seats = max(len(r["ran"]) for r in w)
+    full = next(i for i, r in enumerate(w) if len(r["ran"]) >= seats)
+    waited = [i for i, r in enumerate(w) if r.get("waiting", 0) > 0]
+    last_wait = waited[-1] if waited else 0
+    return {
+        "first_step": w[0].get("step"), "last_step": w[-1].get("step"), "steps": len(w),
+        "wall_s": round(w[-1]["t"] - t0, 3),
+        "seats_seen": seats,
+        "seats_full_after": {"steps": full, "s": round(w[full]["t"] - t0, 3)},
+        "steps_every_seat": sum(1 for r in w if len(r["ran"]) >= seats),
+        "steps_to_last_admission": last_wait,
+        "tail": {"steps": len(w) - 1 - last_wait, "s": round(w[-1]["t"] - w[last_wait]["t"], 3)},
+        "mean_running": round(sum(len(r["ran"]) for r in w) / len(w), 2),
+        "seats_free_while_waiting": _free_while_waiting(w, seats),
+        "decodes": sum(_decodes(r) for r in w), "prompt_tokens": sum(_prompt_tokens(r) for r in w),
+        "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
+        "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
+        "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
+    }
+
+
+def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0, spell: int = 1) -> Path:
+    """PNG of the `spell`-th busy spell: requests running and waiting at each step, and each step's
     model time; a preemption is a red mark."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    a, b = busy_window(rows, idle_gap_s)
+    a, b = busy_window(rows, idle_gap_s, spell)
     w = rows[a:b + 1]
     t = np.array([r["t"] - w[0]["t"] for r in w])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, height_ratios=(2, 1))

@@ -132,9 +132,11 @@ class TriageSettings:
                 raise ValueError(f"TRIAGE_POLICY_PARAMS is not JSON ({e}): e.g. '{{\"max_preemptions\": 1}}'") from None
             if not isinstance(raw["policy_params"], dict):
                 raise ValueError("TRIAGE_POLICY_PARAMS must be a JSON object of policy options")
-        log_env = os.environ.get("TRIAGE_STEP_LOG")   # e.g. /tmp/steps-{pid}.jsonl: one file per engine
+        log_env = os.environ.get("TRIAGE_STEP_LOG")
         if log_env and "step_log" not in raw:
-            raw["step_log"] = log_env.replace("{pid}", str(os.getpid()))
+            raw["step_log"] = log_env
+        if raw.get("step_log"):   # e.g. /tmp/steps-{pid}.jsonl: one file per engine process
+            raw["step_log"] = str(raw["step_log"]).replace("{pid}", str(os.getpid()))
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         unknown = set(raw) - set(known)
         if unknown:

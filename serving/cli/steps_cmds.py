@@ -16,11 +16,13 @@ def steps(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="also draw the busy spell to this PNG")] = None,
     idle_gap: Annotated[float, typer.Option(help="seconds without a step that end a busy spell")] = 1.0,
+    spell: Annotated[int, typer.Option(help="which busy spell to read in full, from 1 (a log can hold several: "
+                                            "bursts apart in time, or engines run one after another)")] = 1,
     request: Annotated[Optional[str], typer.Option(help="follow one call instead: its client request id "
                                                         "(X-Request-Id / the audit row's id)")] = None,
 ) -> None:
     """Where a busy spell's engine steps went: seats filling, steps until the queue emptied,
-    the tail, a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
+    the tail (and, when the log holds several spells, a line for each), a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
     reason, and each level's answer lengths. Client ids and levels only: a step log holds no text."""
     import json
 
@@ -28,18 +30,20 @@ def steps(
 
     if idle_gap <= 0:
         raise typer.BadParameter("must be above 0", param_hint="--idle-gap")
+    if spell < 1:
+        raise typer.BadParameter("must be 1 or more (the first busy spell is 1)", param_hint="--spell")
     try:
         rows = load(path)
         one = follow(rows, request) if request is not None else None
+        rep = summarize(rows, idle_gap, spell) if one is None else None
     except StepLogError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     if one is not None:
         typer.echo(json.dumps(one) if as_json else _one_call(one))
         return
-    rep = summarize(rows, idle_gap)
     if plot is not None:
-        draw(rows, plot, idle_gap)
+        draw(rows, plot, idle_gap, spell)
     if as_json:
         typer.echo(json.dumps(rep))
         return
@@ -52,11 +56,21 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
 
     b, c, p = rep["busy"], rep["step_cost"], rep["preemptions"]
     con = Console()
+    if len(rep["spells"]) > 1:
+        t = Table("spell", "steps", "s", "seats full after", "every seat", "tail", "model s",
+                  "seat-s free while waiting", title=f"{len(rep['spells'])} busy spells in the log")
+        for k, x in enumerate(rep["spells"], 1):
+            t.add_row(str(k), f"{x['first_step']}-{x['last_step']} ({x['steps']})", f"{x['wall_s']:.2f}",
+                      str(x["seats_full_after"]["steps"]), str(x["steps_every_seat"]), str(x["tail"]["steps"]),
+                      f"{x['model_s']:.2f}", f"{x['seats_free_while_waiting']['seat_s']:.2f}")
+        con.print(t)
+        con.print(f"spell {rep['spell']} in full (--spell K for another):")
     con.print(f"[bold]busy spell[/bold]: steps {b['first_step']}-{b['last_step']} ({b['steps']} of {rep['steps']} "
               f"with work), {b['wall_s']:.2f} s; model {b['model_s']:.2f} s, scheduling {b['sched_s']:.2f} s, "
               f"update {b['update_s']:.2f} s")
     con.print(f"seats ({b['seats_seen']} at most) full after {b['seats_full_after']['steps']} steps "
               f"({b['seats_full_after']['s']:.2f} s); queue empty after {b['steps_to_last_admission']} steps; "
+              f"{b['steps_every_seat']} steps ran every seat; "
               f"tail {b['tail']['steps']} steps ({b['tail']['s']:.2f} s); {b['mean_running']} running a step on average; "
               f"{b['decodes']} decodes, {b['prompt_tokens']} prompt tokens")
     f = b["seats_free_while_waiting"]

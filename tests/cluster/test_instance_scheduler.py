@@ -67,3 +67,23 @@ def test_an_instance_takes_policy_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRIAGE_POLICY_PARAMS", "{max_preemptions: 1")
     with pytest.raises(ValueError, match="TRIAGE_POLICY_PARAMS"):
         TriageSettings.from_vllm_config(SimpleNamespace(additional_config={}))
+
+
+def test_a_step_log_path_gives_each_engine_process_its_own_file(monkeypatch):
+    """`{pid}` in the step log's path becomes the engine process's id, whether the path comes
+    from the service's setting (passed in the engine's config) or from `TRIAGE_STEP_LOG`
+    (a `triage instance`): engines run one after another, or a standby beside the serving
+    one, then write files of their own instead of interleaving lines in one."""
+    import os
+    from types import SimpleNamespace
+
+    from serving.vllm_scheduler import TriageSettings
+
+    pid = str(os.getpid())
+    from_service = SimpleNamespace(additional_config={"triage": {"step_log": "/tmp/steps-{pid}.jsonl"}})
+    assert TriageSettings.from_vllm_config(from_service).step_log == f"/tmp/steps-{pid}.jsonl"
+    monkeypatch.setenv("TRIAGE_STEP_LOG", "/var/log/triage/{pid}.jsonl")
+    assert TriageSettings.from_vllm_config(SimpleNamespace(additional_config={})).step_log == f"/var/log/triage/{pid}.jsonl"
+    assert TriageSettings.from_vllm_config(from_service).step_log == f"/tmp/steps-{pid}.jsonl"   # the config wins
+    plain = SimpleNamespace(additional_config={"triage": {"step_log": "/tmp/steps.jsonl"}})
+    assert TriageSettings.from_vllm_config(plain).step_log == "/tmp/steps.jsonl"

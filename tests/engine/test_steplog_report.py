@@ -162,3 +162,30 @@ def test_seats_left_free_while_calls_waited_are_counted_in_seat_seconds():
     rows = [_step(0, 10.0, p, 3), _step(1, 10.5, p + d, 3), _step(2, 10.75, p + d * 3, 1), _step(3, 11.0, d * 3, 0)]
     f = summarize(rows)["busy"]["seats_free_while_waiting"]
     assert f == {"steps": 2, "seat_steps": 5, "seat_s": 2.0}   # 3 x 0.5 + 2 x 0.25
+
+
+def test_a_log_of_several_engines_and_bursts_is_read_spell_by_spell(tmp_path):
+    """`bench serve` taking turns appends each engine's steps to one file: the second engine's
+    steps follow the first's within a second (only their step numbers start again), and a
+    later burst on the second engine comes after an idle gap. Three spells, each read on its
+    own; merged, the first would have counted all three bursts' prompts."""
+    _, rows = _log(tmp_path)
+    spell = rows[2:]
+    second = [dict(r, step=r["step"] - 2, t=r["t"] - spell[0]["t"] + spell[-1]["t"] + 0.2) for r in spell]
+    third = [dict(r, step=r["step"] + 100, t=r["t"] + 30.0) for r in second]
+    f = tmp_path / "turns.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows + second + third), encoding="utf-8")
+    got = load(f)
+    rep = summarize(got)
+    assert len(rep["spells"]) == 3
+    assert [s["prompt_tokens"] for s in rep["spells"]] == [60, 60, 60]
+    assert rep["busy"] == rep["spells"][0] and rep["busy"]["steps"] == len(spell)
+    assert rep["busy"]["tail"]["steps"] == summarize(rows)["busy"]["tail"]["steps"]
+    assert summarize(got, spell=3)["busy"]["first_step"] == spell[0]["step"] + 98
+    assert sum(r["requests"] for r in summarize(got, spell=2)["levels"].values()) == 6
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "3 busy spells in the log" in r.stdout
+    r = runner.invoke(app, ["steps", str(f), "--spell", "2", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout.strip().splitlines()[-1])["spell"] == 2
+    r = runner.invoke(app, ["steps", str(f), "--spell", "4"])
+    assert r.exit_code == 2 and "holds 3 busy spells, not a spell 4" in r.output

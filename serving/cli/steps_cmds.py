@@ -22,8 +22,9 @@ def steps(
                                                         "(X-Request-Id / the audit row's id)")] = None,
 ) -> None:
     """Where a busy spell's engine steps went: seats filling, steps until the queue emptied,
-    the tail (and, when the log holds several spells, a line for each), a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
-    reason, and each level's answer lengths. Client ids and levels only: a step log holds no text."""
+    the tail, a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
+    reason, and each level's answer lengths; a line for each spell when the log holds several.
+    Client ids and levels only: a step log holds no text."""
     import json
 
     from serving.steplog_report import StepLogError, follow, load, plot as draw, summarize

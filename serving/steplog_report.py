@@ -122,6 +122,28 @@ def step_cost(rows: list[dict]) -> dict | None:
             "steps": int(keep.sum()), "dropped": int((~keep).sum())}
 
 
+def engine_steps(rows: list[dict]) -> list[tuple[list[tuple[int, int]], float]]:
+    """Every timed step as the simulator's measured truth takes it (`simulate --truth
+    steplog:FILE`, triage/sim/truth.py): ([(tokens computed, tokens already in the KV), ...
+    one per request], model seconds). A request's KV is counted from the log itself (its
+    prompt chunks and decodes so far; back to 0 when it is preempted to be recomputed), so a
+    prefix-cache hit, which the log does not show, is missing from it."""
+    kv: dict[str, int] = defaultdict(int)
+    out = []
+    for r in rows:
+        works = []
+        for rid, _, k, kind in r["ran"]:
+            n = 1 if kind == "decode" else int(k)
+            works.append((n, kv[rid]))
+            kv[rid] += n
+        for p in r.get("preempted", []):
+            if p.get("mode") == "recompute":
+                kv[p.get("id")] = 0
+        if works and (r.get("exec_ms") or 0) > 0:
+            out.append((works, r["exec_ms"] / 1000))
+    return out
+
+
 def _free_while_waiting(w: list[dict], seats: int) -> dict:
     """Capacity a spell's steps left unused while calls waited: the steps that ran fewer
     than `seats` requests with a queue, the seats they could have filled (free seats, at

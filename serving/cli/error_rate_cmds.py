@@ -9,7 +9,7 @@ import typer
 
 from serving.cli.apps import bench_app
 from serving.cli.progress import progress_bar
-from serving.cli.sim_cmds import DEFAULT_TRACE, TPOT_HELP, TRUTH_HELP, _floats, _parse_params, _run_sim
+from serving.cli.sim_cmds import DEFAULT_TRACE, TPOT_HELP, TRUTH_HELP, _floats, _parse_params, _run_sim, parse_truth
 
 
 @bench_app.command("error-rate")
@@ -35,7 +35,6 @@ def bench_error_rate(
     from triage.sim.error_rate import error_rate_study, plot_error_rate
     from triage.sim.inputs import parse_mode
     from triage.sim.metrics import check_tpot_metric
-    from triage.sim.truth import TRUTHS
 
     es = _floats(rates)
     if not es or any(not 0.0 <= e <= 1.0 for e in es):
@@ -58,8 +57,7 @@ def bench_error_rate(
         make_policy("triage", **triage_params)
     except (TypeError, ValueError) as e:
         raise typer.BadParameter(f"bad triage parameter: {e}", param_hint="--param") from None
-    if truth not in TRUTHS:
-        raise typer.BadParameter(f"unknown --truth {truth!r}; use one of {', '.join(TRUTHS)}")
+    truth = parse_truth(truth)
     pool = None
     if predicted_texts and predicted_texts.lower() != "none":
         from serving.cli.sim_inputs import text_pool

@@ -31,7 +31,26 @@ LEVELS_HELP = "What the scheduler is told: oracle (the gold level), predicted (o
 LENGTHS_HELP = "oracle (the true output length), predicted (the length head on the text), noisy:E (doubled or halved with probability E)"
 TEXTS_HELP = "Labelled texts for predicted inputs: corpus-test, ktas or a JSONL file of {text, level}"
 TPOT_HELP = "SLO attainment's TPOT: mean (per request, the papers'), running (seed 002's max running TPOT) or max-gap"
-TRUTH_HELP = "Step-time truth: auto (measured engine residuals when the profile has samples, else model), model, measured"
+TRUTH_HELP = ("Step-time truth: auto (measured engine residuals when the profile has samples, else model), model, "
+              "measured, or steplog:FILE (the steps of a live engine's step log: that machine's speed and step shape)")
+
+
+def parse_truth(value: str):
+    """--truth: a truth name, or steplog:FILE read into the measured steps it holds."""
+    from triage.sim.truth import TRUTHS, MeasuredSteps
+
+    if value.startswith("steplog:"):
+        from serving.steplog_report import StepLogError, engine_steps, load
+
+        path = value.split(":", 1)[1]
+        try:
+            steps = engine_steps(load(path))
+            return MeasuredSteps(tuple(steps), f"step log {path} ({len(steps)} steps)")
+        except (StepLogError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="--truth") from None
+    if value not in TRUTHS:
+        raise typer.BadParameter(f"unknown --truth {value!r}; use one of {', '.join(TRUTHS)} or steplog:FILE")
+    return value
 
 
 class SimInputs:
@@ -40,7 +59,6 @@ class SimInputs:
     def __init__(self, levels: str, lengths: str, texts: Optional[str], tpot_metric: str, truth: str) -> None:
         from triage.sim.inputs import parse_mode
         from triage.sim.metrics import check_tpot_metric
-        from triage.sim.truth import TRUTHS
 
         try:
             self.levels = parse_mode(levels, "--levels")
@@ -48,9 +66,7 @@ class SimInputs:
             self.tpot_metric = check_tpot_metric(tpot_metric)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-        if truth not in TRUTHS:
-            raise typer.BadParameter(f"unknown --truth {truth!r}; use one of {', '.join(TRUTHS)}")
-        self.truth = truth
+        self.truth = parse_truth(truth)
         self.needs_texts = "predicted" in (self.levels.kind, self.lengths.kind)
         self.texts = texts or "corpus-test"
         self.pool = None

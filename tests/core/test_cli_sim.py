@@ -227,3 +227,33 @@ def test_simulate_a_cluster_with_router_parameters_and_seat_stealing(tmp_path):
     d = _last_json(res)
     assert d["router"] == "gorouting" and d["router_params"] == {"seat_wait": False} and d["steal"] is True
     assert sum(c["requests"] for c in d["per_class"].values()) == 60
+
+
+def test_a_burst_simulated_on_the_steps_of_a_live_step_log_runs_at_that_machines_speed(tmp_path):
+    """`--truth steplog:FILE`: the simulated engine's steps take what the steps of a live
+    engine's step log took. A log from a machine three times faster than the profile's fit
+    makes the simulated burst about three times faster; the JSON names the log."""
+    from serving.steplog_report import engine_steps
+    from triage.estimators import Work
+    from triage.profiles import load_profile
+
+    args = ["simulate", "--scenario", "burst", "--requests", "20", "--spread", "1", "--texts", "corpus-test",
+            "--levels", "noisy:0.2", "--policy", "fcfs", "--json"]
+    model = _last_json(runner.invoke(app, args + ["--truth", "model"]))
+    fitted = load_profile(model["profile"]).estimator("proserve")
+    rows, t = [], 100.0
+    for step in range(1, 201):   # 8 calls at a time: a prompt of 40 tokens, then 24 decodes each
+        k = (step - 1) % 25
+        ran = [[f"c{(step - 1) // 25}-{j}", 3, 40 if k == 0 else 1, "prefill" if k == 0 else "decode"] for j in range(8)]
+        rows.append({"step": step, "t": t, "running": 8, "waiting": 0, "ran": ran, "preempted": []})
+        t += 0.05
+    for r, (works, _) in zip(rows, engine_steps([dict(r, exec_ms=1.0) for r in rows])):
+        r["exec_ms"] = 1000 * fitted._batch_time([Work(*w) for w in works]) / 3
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    fast = _last_json(runner.invoke(app, args + ["--truth", f"steplog:{log}"]))
+    assert fast["truth"]["kind"] == "measured" and str(log) in fast["truth"]["source"] and fast["truth"]["samples"] == 200
+    ratio = fast["systems"]["sim-fcfs"]["tokens_per_s"] / model["systems"]["sim-fcfs"]["tokens_per_s"]
+    assert 2.2 < ratio < 4.0, ratio
+    bad = runner.invoke(app, args + ["--truth", f"steplog:{tmp_path / 'missing.jsonl'}"])
+    assert bad.exit_code != 0 and "no step log at" in bad.output

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import serving.cli  # noqa: F401  (registers the commands)
 from serving.cli.apps import app
-from serving.steplog_report import busy_window, follow, load, summarize
+from serving.steplog_report import busy_window, engine_steps, follow, load, summarize
 
 FIXED, PER_DECODE, PER_TOKEN = 40.0, 2.5, 1.7
 runner = CliRunner()
@@ -189,3 +189,16 @@ def test_a_log_of_several_engines_and_bursts_is_read_spell_by_spell(tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout.strip().splitlines()[-1])["spell"] == 2
     r = runner.invoke(app, ["steps", str(f), "--spell", "4"])
     assert r.exit_code == 2 and "holds 3 busy spells, not a spell 4" in r.output
+
+
+def test_each_step_becomes_the_simulators_measured_work_with_the_kv_each_call_had():
+    """`engine_steps` (what `simulate --truth steplog:FILE` reads): per request the tokens it
+    computed in the step and the tokens already in its KV, counted through the log; a call
+    preempted to be recomputed starts again from an empty KV; untimed steps are left out."""
+    a = [["a", 5, 30, "prefill"]]
+    rows = [_step(1, 0.0, a, 0), _step(2, 0.1, [["a", 5, 1, "decode"], ["b", 1, 20, "prefill"]], 0,
+                                          preempted=[{"id": "a", "mode": "recompute"}]),
+            dict(_step(3, 0.2, [["b", 1, 1, "decode"]], 1), exec_ms=None), _step(4, 0.3, [["a", 5, 31, "prefill"]], 0)]
+    got = engine_steps(rows)
+    assert [w for w, _ in got] == [[(30, 0)], [(1, 30), (20, 0)], [(31, 0)]]
+    assert got[0][1] == rows[0]["exec_ms"] / 1000

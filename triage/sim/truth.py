@@ -19,13 +19,16 @@ production:
 `bias` multiplies either truth (a known systematic error, e.g. a slower machine than the
 one profiled): tests use it to check that the online correction removes it.
 `truth_for(profile, "auto")` is `measured` when the profile has recorded samples, else
-`model`.
+`model`. A `MeasuredSteps` in place of the name is `measured` from other steps: those of
+a live engine's step log (`simulate --truth steplog:FILE`), so a simulated engine runs at
+the speed, and with the step shape, of the machine that wrote the log that day.
 """
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -36,6 +39,20 @@ from triage.paths import data_dir
 
 MIN_CELL = 8
 TRUTHS = ("auto", "model", "measured")
+
+
+@dataclass(frozen=True)
+class MeasuredSteps:
+    """The `measured` truth from these steps (works, seconds) instead of the profile's
+    recorded ones; `source` names where they came from (it is reported)."""
+    samples: tuple
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError(f"{self.source}: no engine step to measure the truth from")
+        object.__setattr__(self, "samples", tuple(([Work(int(a), int(b)) for a, b in w], float(t))
+                                                  for w, t in self.samples))
 
 
 def samples_path(profile_name: str) -> Path:
@@ -151,9 +168,11 @@ def load_samples(path: str | Path) -> list[tuple[list[Work], float]]:
     return [([Work(int(a), int(b)) for a, b in w], float(t)) for w, t in raw["samples"] if w and t > 0]
 
 
-def truth_for(profile, rng: np.random.Generator, kind: str = "auto", bias: float = 1.0,
+def truth_for(profile, rng: np.random.Generator, kind: "str | MeasuredSteps" = "auto", bias: float = 1.0,
               samples: Sequence[tuple[Sequence[Work], float]] | None = None) -> StepTruth:
     """The step-time truth of one simulated instance (its own rng stream)."""
+    if isinstance(kind, MeasuredSteps):
+        return MeasuredTruth(profile.estimator("proserve"), rng, kind.samples, bias, kind.source)
     if kind not in TRUTHS:
         raise ValueError(f"unknown truth {kind!r}; use one of {', '.join(TRUTHS)}")
     fitted = profile.estimator("proserve")

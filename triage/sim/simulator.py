@@ -28,7 +28,7 @@ from triage.policies.base import Policy
 from triage.profiles import Profile
 from triage.request import Request, Stage
 from triage.sim.traces import TraceRequest
-from triage.sim.truth import MeasuredSteps, StepTruth, truth_for  # noqa: F401  (MeasuredSteps: a truth spec)
+from triage.sim.truth import MeasuredSteps, StepTruth, truth_for
 from triage.state import EngineState
 
 
@@ -118,7 +118,7 @@ class Instance:
     """An engine instance: its state, its policy, its clock."""
 
     def __init__(self, policy: Policy, profile: Profile, classes: PriorityClasses, rng: np.random.Generator,
-                 index: int = 0, estimator_kind: str = "proserve", truth: "str | MeasuredSteps | StepTruth" = "auto",
+                 index: int = 0, estimator_kind: str = "proserve", truth: str | MeasuredSteps | StepTruth = "auto",
                  bias: float = 1.0) -> None:
         est = profile.estimator(estimator_kind)
         self.truth = truth if isinstance(truth, StepTruth) else truth_for(profile, rng, truth, bias)
@@ -166,7 +166,7 @@ class Instance:
 def simulate(trace: Iterable[TraceRequest], policy: Policy, profile: Profile, classes: PriorityClasses, *,
              seed: int = 0, estimator_kind: str = "proserve", predicted_output: Callable[[TraceRequest], int] | None = None,
              progress: Callable[[int], None] | None = None, time_overhead: bool = False,
-             truth: "str | MeasuredSteps | StepTruth" = "auto", bias: float = 1.0) -> SimResult:
+             truth: str | MeasuredSteps | StepTruth = "auto", bias: float = 1.0) -> SimResult:
     """Replay `trace` through one instance; returns every request with its token times.
     `truth`: "auto" | "model" | "measured", a MeasuredSteps or a StepTruth (see triage.sim.truth)."""
     import time

@@ -168,7 +168,7 @@ def load_samples(path: str | Path) -> list[tuple[list[Work], float]]:
     return [([Work(int(a), int(b)) for a, b in w], float(t)) for w, t in raw["samples"] if w and t > 0]
 
 
-def truth_for(profile, rng: np.random.Generator, kind: "str | MeasuredSteps" = "auto", bias: float = 1.0,
+def truth_for(profile, rng: np.random.Generator, kind: str | MeasuredSteps = "auto", bias: float = 1.0,
               samples: Sequence[tuple[Sequence[Work], float]] | None = None) -> StepTruth:
     """The step-time truth of one simulated instance (its own rng stream)."""
     if isinstance(kind, MeasuredSteps):

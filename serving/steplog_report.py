@@ -65,7 +65,10 @@ def busy_windows(rows: list[dict], idle_gap_s: float = 1.0) -> list[tuple[int, i
 
 def busy_window(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> tuple[int, int]:
     """(first, last) index of the `spell`-th busy spell (from 1), inclusive."""
-    spells = busy_windows(rows, idle_gap_s)
+    return _pick(busy_windows(rows, idle_gap_s), spell)
+
+
+def _pick(spells: list[tuple[int, int]], spell: int) -> tuple[int, int]:
     if not 1 <= spell <= len(spells):
         raise StepLogError(f"the log holds {len(spells)} busy spell{'s' * (len(spells) != 1)}, not a spell {spell}")
     return spells[spell - 1]
@@ -165,7 +168,7 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict
     """The report `triage steps --json` prints (module docstring): `busy` and the rest for
     the `spell`-th busy spell, and `spells`, every spell's `busy` figures."""
     spells = busy_windows(rows, idle_gap_s)
-    a, b = busy_window(rows, idle_gap_s, spell)
+    a, b = _pick(spells, spell)
     w = rows[a:b + 1]
     calls = defaultdict(lambda: [None, 1, 0])   # id -> [level, answer tokens, prompt tokens]
     for r in w:

@@ -220,6 +220,9 @@ class TriageScheduler(Scheduler):
         self._ape_sum = 0.0
         self._ape_n = 0
         self._recompute_only: set[str] = set()
+        # scheduled requests whose policy columns are not yet re-read: their output re-reads
+        # them (`_sync`), or the next plan does if no output came (async scheduling)
+        self._stale: dict[str, Request] = {}
         # (step, request id, level, keep_tokens planned, mode executed) of recent preemptions
         self.preemption_log: deque[tuple[int, str, int, int, str]] = deque(maxlen=256)
         self.clock = time.time  # the peers harness swaps in a virtual clock
@@ -289,6 +292,7 @@ class TriageScheduler(Scheduler):
         if rid in self.tstate.requests:
             self.tstate.remove(rid)
         self._recompute_only.discard(rid)
+        self._stale.pop(rid, None)
         ext = self._client_id.pop(rid, None)
         if ext is not None:
             self._external.pop(ext, None)
@@ -358,6 +362,9 @@ class TriageScheduler(Scheduler):
         self._apply_control()
         self._reconcile()
         st = self.tstate
+        for r in self._stale.values():
+            st.touch(r)
+        self._stale.clear()
         plan = self.triage_policy.plan(st, now)
         plan, repaired = self._repair(plan)
         victims = [p.request_id for p in plan.preemptions]
@@ -437,7 +444,7 @@ class TriageScheduler(Scheduler):
             st.allocate(r, k)
             r.computed = req.num_computed_tokens
             r.stage = Stage.PREFILLING if r.computed < r.known else Stage.DECODING
-            st.touch(r)
+            self._stale[rid] = r   # re-read once, when its output is in (`_sync`)
         self._pending_works = works or None
         preempted = sorted(out.preempted_req_ids)
         ours = sorted(victims)
@@ -531,6 +538,7 @@ class TriageScheduler(Scheduler):
         r.computed = req.num_computed_tokens
         if req.status == RequestStatus.RUNNING:
             r.stage = Stage.PREFILLING if r.computed < r.known - 1 or r.generated == 0 else Stage.DECODING
+        self._stale.pop(r.id, None)
         self.tstate.touch(r)  # the policy reads the numpy columns: re-read need, deadlines, last token
 
     def _reconcile(self) -> None:

@@ -114,3 +114,26 @@ def test_learn_shape_leaves_rho_alone_when_steps_cannot_tell_the_parts_apart():
         w = [Work(1, 700)] * 16
         est.observe_batch(w, truth.batch_time(w))
     assert est.rho == 1.0 and est.beta == pytest.approx(2.0, rel=0.02)
+
+
+def test_learnt_rho_is_the_least_squares_fit_of_noisy_steps():
+    """The live fit of rho (solved in closed form after every step) gives what numpy's
+    least squares gives on the same window of noisy measured steps."""
+    from triage.estimators.base import RHO_RANGE
+
+    truth = _machine(1.8, 1.3)
+    rng = np.random.default_rng(11)
+    est = ProServeEstimator(**TRUE)
+    est.learn_shape = True
+    est.theta = 0.0                      # no momentum: rho is this window's fit alone
+    rows = []
+    for w in batches(120, seed=7):
+        real = truth.batch_time(w) * float(rng.uniform(0.85, 1.15))
+        est.observe_batch(w, real)
+        rows.append((*est.split(w), real))
+    a = np.asarray(rows[-64:])
+    wts = 1.0 / a[:, 2]
+    (b1, b2), *_ = np.linalg.lstsq(a[:, :2] * wts[:, None], a[:, 2] * wts, rcond=None)
+    expected = min(RHO_RANGE[1], max(RHO_RANGE[0], b2 / b1))
+    assert est.rho == pytest.approx(expected, rel=1e-9)
+    assert est.rho == pytest.approx(1.8, rel=0.15)

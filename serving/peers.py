@@ -13,6 +13,11 @@ advances by the profile's batch time for the step (ProServe form, the profile's
 `noise_cv` as seeded lognormal noise). `update_from_output` is vLLM's own, so stops,
 frees and preemptions are vLLM's bookkeeping in all three rows.
 
+`--scenario burst` drives them through `bench serve`'s burst instead (the same calls:
+gold levels, each text's measured answer length, the engine sizes of `bench serve`), so
+the rows say what each scheduler costs per engine step where the live comparison runs:
+`cpu_s` is the wall time spent in `schedule()` and `update_from_output()` over the run.
+
 Long requests: the trace's prompts reach ~8k tokens but the CPU engine serves
 `max_model_len` (2048) tokens. Every scheduler sees the same clipped stream
 (`triage.sim.traces.clip_lengths`: a request longer than max_model_len keeps at most
@@ -135,6 +140,11 @@ class PeerRun:
     overheads_s: list[float]
     preemptions: int
     stats: dict | None = None
+    update_s: list[float] | None = None   # update_from_output's wall time, step by step
+
+    def cpu_s(self) -> float:
+        """The scheduler's own time over the run: schedule() and update_from_output()."""
+        return float(sum(self.overheads_s) + sum(self.update_s or ()))
 
 
 def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs: int | None = None,
@@ -168,6 +178,7 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
     mine: dict[str, Request] = {}
     done: list[Request] = []
     overheads: list[float] = []
+    updates: list[float] = []
     steps = 0
     preempted = 0
     i = 0
@@ -194,7 +205,10 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
         if not sched_tokens:
             if out.preempted_req_ids:
                 preempted += len(out.preempted_req_ids)
-            sched.update_from_output(out, stand_in_output(sched, out))
+            answer = stand_in_output(sched, out)
+            t0 = time.perf_counter()
+            sched.update_from_output(out, answer)
+            updates.append(time.perf_counter() - t0)
             if i < n:
                 clock["now"] = max(now, pending[i][1].arrival)
                 continue
@@ -212,7 +226,10 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
             dt *= float(rng.lognormal(-sigma * sigma / 2, sigma))
         clock["now"] = now + dt
         steps += 1
-        outputs = sched.update_from_output(out, stand_in_output(sched, out))
+        answer = stand_in_output(sched, out)
+        t0 = time.perf_counter()
+        outputs = sched.update_from_output(out, answer)
+        updates.append(time.perf_counter() - t0)
         t_end = clock["now"]
         for eco in outputs.values():
             for o in eco.outputs:
@@ -228,27 +245,55 @@ def run_peer(kind: str, trace, profile, classes, *, seed: int = 0, max_num_seqs:
                     if progress and len(done) % 200 == 0:
                         progress(len(done))
     stats = sched.triage_stats() if hasattr(sched, "triage_stats") else None
-    return PeerRun(kind, sorted(mine.values(), key=lambda r: r.seq), steps, clock["now"], overheads, preempted, stats)
+    return PeerRun(kind, sorted(mine.values(), key=lambda r: r.seq), steps, clock["now"], overheads, preempted, stats,
+                   updates)
 
 
 def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int | None = None, seed: int = 0,
             schedulers: tuple[str, ...] = SCHEDULERS, progress: Callable[[str, int], None] | None = None,
             policy_params: dict | None = None) -> dict:
     """The `bench peers` table: one row per scheduler on the same stream."""
-    from triage.classes import load_classes
     from triage.profiles import load_profile
-    from triage.sim.metrics import summarize
     from triage.sim.traces import load_trace
 
     profile = load_profile(profile_name)
-    classes = load_classes().scaled(profile.slo_scale)
     trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale, seed=seed)  # run_peer clips
+    out = _table(trace, profile, seed=seed, schedulers=schedulers, progress=progress, policy_params=policy_params)
+    return {"scenario": "trace", "trace": str(trace_path), "rate_scale": rate_scale, "limit": limit, **out}
+
+
+def compare_burst(texts: str, requests: int, spread: float, *, profile_name: str, seed: int = 0,
+                  schedulers: tuple[str, ...] = SCHEDULERS, progress: Callable[[str, int], None] | None = None,
+                  policy_params: dict | None = None) -> dict:
+    """The `bench peers` table on `bench serve`'s burst: its calls (gold levels, measured
+    answer lengths, max_tokens 64) on its engine sizes."""
+    from serving.bench.systems import EngineSizes
+    from serving.cli.sim_inputs import burst_trace
+    from triage.profiles import load_profile
+    from triage.sim.simulator import with_limits
+
+    sizes = EngineSizes()
+    profile = with_limits(load_profile(profile_name), max_num_seqs=sizes.max_num_seqs,
+                          max_num_batched_tokens=sizes.max_num_batched_tokens)
+    trace, *_ = burst_trace(texts, requests, spread, seed=seed, predict=False)
+    out = _table(trace, profile, seed=seed, schedulers=schedulers, progress=progress, policy_params=policy_params)
+    return {"scenario": "burst", "trace": None, "rate_scale": None, "limit": None,
+            "burst": {"texts": texts, "requests": requests, "spread_s": spread, "levels": "gold",
+                      "output": "each text's measured answer length, max_tokens 64"}, **out}
+
+
+def _table(trace, profile, *, seed: int, schedulers: tuple[str, ...], progress, policy_params) -> dict:
+    from triage.classes import load_classes
+    from triage.sim.metrics import summarize
+
+    classes = load_classes().scaled(profile.slo_scale)
     rows = []
     for kind in schedulers:
         run = run_peer(kind, trace, profile, classes, seed=seed, policy_params=policy_params,
                        progress=(lambda k: progress(kind, k)) if progress else None)
         s = summarize(run.requests, classes, policy=kind)
         ov = np.array(run.overheads_s) * 1e6
+        cpu = run.cpu_s()
         row = {
             "scheduler": kind,
             "tdg_ratio": s["tdg_ratio"],
@@ -259,6 +304,8 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
             "steps": run.steps,
             "sim_time_s": run.sim_time,
             "preemptions": run.preemptions,
+            "cpu_s": cpu,
+            "cpu_ms_per_step": 1000 * cpu / run.steps if run.steps else None,
         }
         if run.stats:
             row["plan_mismatches"] = run.stats["plan_mismatches"]
@@ -266,8 +313,7 @@ def compare(trace_path: str, *, rate_scale: float, profile_name: str, limit: int
         rows.append(row)
     lim = profile.limits
     return {
-        "trace": str(trace_path), "rate_scale": rate_scale, "limit": limit, "profile": profile.name, "seed": seed,
-        "requests": len(trace),
+        "profile": profile.name, "seed": seed, "requests": len(trace),
         "engine": {"max_num_seqs": lim.max_num_seqs, "max_num_batched_tokens": lim.max_num_batched_tokens,
                    "max_model_len": lim.max_model_len, "num_blocks": profile.num_blocks,
                    "block_size": profile.block_size},

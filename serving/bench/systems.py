@@ -241,8 +241,10 @@ def reset_prefix_cache(srv: Server, tries: int = 20) -> None:
 
 @contextlib.contextmanager
 def start_system(name: str, sizes: EngineSizes, *, port: int, workdir: Path, model: str,
-                 timeout_s: float = 600.0, triage_env: dict | None = None):
-    """Start `name`, wait until it answers a chat completion, yield a `Server`, stop it."""
+                 timeout_s: float = 1200.0, triage_env: dict | None = None):
+    """Start `name`, wait until it answers a chat completion, yield a `Server`, stop it.
+    The wait is long: on a slow fresh machine our service's first start (compiling the
+    model, then its standby engine) has taken 345 s and more."""
     require_free_port(port)
     workdir.mkdir(parents=True, exist_ok=True)
     cmd, env = command(name, sizes, port, workdir, model, triage_env)

@@ -125,15 +125,24 @@ def bench_peers(
     seed: int = 0,
     scheduler: Annotated[list[str], typer.Option(help="Subset of vllm-fcfs, vllm-priority, triage (repeatable)")] = [],
     param: Annotated[list[str], typer.Option(help="Policy parameter of the triage row, KEY=VALUE (repeatable)")] = [],
+    scenario: Annotated[str, typer.Option(help="trace, or burst: bench serve's burst (--requests calls within --spread s, its engine sizes)")] = "trace",
+    requests: Annotated[int, typer.Option(help="burst: calls")] = 98,
+    spread: Annotated[float, typer.Option(help="burst: the calls arrive within this many seconds")] = 3.0,
+    texts: Annotated[str, typer.Option(help="burst: the labelled texts the calls are drawn from")] = "corpus-test",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """vLLM's own Scheduler (fcfs, priority) and our plugin on the same stream, with a
-    model-runner stand-in timed by the profile (no model execution)."""
+    model-runner stand-in timed by the profile (no model execution: a simulation of the
+    engine, with each scheduler's own time per step measured)."""
     import json
 
-    from serving.peers import SCHEDULERS, compare
+    from serving.peers import SCHEDULERS, compare, compare_burst
 
     kinds = tuple(scheduler) or SCHEDULERS
+    if scenario not in ("trace", "burst"):
+        raise typer.BadParameter("--scenario must be trace or burst")
+    if requests < 1 or spread < 0:
+        raise typer.BadParameter("--requests must be >= 1 and --spread >= 0")
     for k in kinds:
         if k not in SCHEDULERS:
             raise typer.BadParameter(f"unknown scheduler {k!r}; known: {', '.join(SCHEDULERS)}")
@@ -147,9 +156,13 @@ def bench_peers(
                 params[k] = json.loads(v)
             except json.JSONDecodeError:
                 params[k] = v
-        out = compare(str(trace), rate_scale=rate_scale, profile_name=profile, limit=limit, seed=seed, schedulers=kinds,
-                      policy_params=params or None,
-                      progress=None if as_json else (lambda k, n: typer.echo(f"{k}: {n} done", err=True)))
+        progress = None if as_json else (lambda k, n: typer.echo(f"{k}: {n} done", err=True))
+        if scenario == "burst":
+            out = compare_burst(texts, requests, spread, profile_name=profile, seed=seed, schedulers=kinds,
+                                policy_params=params or None, progress=progress)
+        else:
+            out = compare(str(trace), rate_scale=rate_scale, profile_name=profile, limit=limit, seed=seed,
+                          schedulers=kinds, policy_params=params or None, progress=progress)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
     if as_json:
@@ -159,13 +172,15 @@ def bench_peers(
     from rich.table import Table
 
     fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-    t = Table(title=f"bench peers — {out['requests']} requests, rate x{rate_scale}, profile {out['profile']}")
+    what = f"burst of {requests} in {spread:g} s" if scenario == "burst" else f"rate x{rate_scale}"
+    t = Table(title=f"bench peers (simulated engine) — {out['requests']} requests, {what}, profile {out['profile']}")
     for col in ("scheduler", "TDG ratio", "SLO att.", "ESI-1 SLO", "ESI-2 SLO", "ESI-1 TTFT p99 s", "step p99 µs",
-                "preemptions"):
+                "steps", "sched ms/step", "preemptions"):
         t.add_column(col, justify="right")
     for r in out["rows"]:
         pc = r["per_class"]
         t.add_row(r["scheduler"], fmt(r["tdg_ratio"]), fmt(r["slo_attainment"]),
                   fmt(pc.get("1", {}).get("slo_attainment")), fmt(pc.get("2", {}).get("slo_attainment")),
-                  fmt(pc.get("1", {}).get("ttft_p99")), fmt(r["step_overhead_p99_us"], 0), str(r["preemptions"]))
+                  fmt(pc.get("1", {}).get("ttft_p99")), fmt(r["step_overhead_p99_us"], 0), str(r["steps"]),
+                  fmt(r["cpu_ms_per_step"], 2), str(r["preemptions"]))
     Console().print(t)

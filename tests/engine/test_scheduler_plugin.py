@@ -232,3 +232,33 @@ def test_set_classes_applies_at_next_step():
     step(s)
     assert s.tstate.classes.version == edited.version
     assert s.triage_stats()["class_edits"] == 1
+
+
+def test_bench_peers_on_the_burst_serves_every_call_and_says_what_each_scheduler_costs_a_step():
+    """`triage bench peers --scenario burst`: vLLM's two policies and ours on bench serve's
+    burst (its calls, its engine sizes). Every call is served by every scheduler; each row
+    says how long the scheduler itself took per engine step; ours puts ESI-1 first; a bad
+    scenario is refused with a message."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import serving.cli  # noqa: F401  (registers the commands)
+    from serving.cli.apps import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "peers", "--scenario", "burst", "--requests", "40", "--spread", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["scenario"] == "burst" and out["requests"] == 40 and out["trace"] is None
+    assert out["engine"]["max_num_seqs"] == 32 and out["engine"]["max_num_batched_tokens"] == 2048
+    rows = {row["scheduler"]: row for row in out["rows"]}
+    assert set(rows) == {"vllm-fcfs", "vllm-priority", "triage"}
+    for row in rows.values():
+        assert row["steps"] > 10
+        assert row["cpu_s"] > 0 and row["cpu_ms_per_step"] == pytest.approx(1000 * row["cpu_s"] / row["steps"])
+    ttft1 = lambda k: rows[k]["per_class"]["1"]["ttft_p99"]  # noqa: E731
+    assert ttft1("triage") < ttft1("vllm-fcfs")
+    assert rows["triage"]["plan_mismatches"] == 0
+    bad = runner.invoke(app, ["bench", "peers", "--scenario", "flood"])
+    assert bad.exit_code == 2 and "--scenario must be trace or burst" in bad.output

@@ -266,7 +266,7 @@ def compare_burst(texts: str, requests: int, spread: float, *, profile_name: str
                   schedulers: tuple[str, ...] = SCHEDULERS, progress: Callable[[str, int], None] | None = None,
                   policy_params: dict | None = None) -> dict:
     """The `bench peers` table on `bench serve`'s burst: its calls (gold levels, measured
-    answer lengths, max_tokens 64) on its engine sizes."""
+    answer lengths, its max_tokens) on its engine sizes."""
     from serving.bench.systems import EngineSizes
     from serving.cli.sim_inputs import burst_trace
     from triage.profiles import load_profile
@@ -279,7 +279,7 @@ def compare_burst(texts: str, requests: int, spread: float, *, profile_name: str
     out = _table(trace, profile, seed=seed, schedulers=schedulers, progress=progress, policy_params=policy_params)
     return {"scenario": "burst", "trace": None, "rate_scale": None, "limit": None,
             "burst": {"texts": texts, "requests": requests, "spread_s": spread, "levels": "gold",
-                      "output": "each text's measured answer length, max_tokens 64"}, **out}
+                      "output": f"each text's measured answer length, max_tokens {trace[0].max_tokens}"}, **out}
 
 
 def _table(trace, profile, *, seed: int, schedulers: tuple[str, ...], progress, policy_params) -> dict:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
-from serving.bench.report import summarize
+from serving.bench.report import against, summarize
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
                                    port_free, require_free_port, reset_prefix_cache, stop)
 
@@ -417,30 +417,8 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
 def against_baseline(routers: dict[str, dict]) -> dict[str, dict]:
     """Per router, its figures as multiples of the stock baseline's (issue 21's third bar:
     ESI-1 first token p50 of the calls the classifier put at level 1 at most 0.5x, tokens/s
-    at least 0.95x): pooled over the turns, and tokens/s turn by turn, each of a router's turns
-    against the baseline's of the same number (how far the machine drifted between them).
-    Empty without the baseline."""
-    base = routers.get(BASELINE)
-    if not base:
-        return {}
-
-    def ratio(a, b):
-        return round(a / b, 3) if a is not None and b else None
-
-    def esi1(r: dict, k: str):
-        return (r.get("esi1_caught") or {}).get(k)
-
-    out = {}
-    for name, r in routers.items():
-        if name == BASELINE:
-            continue
-        out[name] = {"tokens_per_s": ratio(r.get("tokens_per_s"), base.get("tokens_per_s")),
-                     "esi1_ttft_p50": ratio(esi1(r, "ttft_p50_ms"), esi1(base, "ttft_p50_ms")),
-                     "esi1_ttft_p99": ratio(esi1(r, "ttft_p99_ms"), esi1(base, "ttft_p99_ms"))}
-        if r.get("turns") and base.get("turns"):
-            out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"])
-                                               for a, b in zip(r["turns"], base["turns"])]
-    return out
+    at least 0.95x; `report.against`). Empty without the baseline."""
+    return against(routers, BASELINE)
 
 
 def run_cluster(routers: list[str], calls: list[Call], plan: ClusterPlan, model: str, classes,

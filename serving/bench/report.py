@@ -115,3 +115,38 @@ def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:
         if offs:
             late = max(late, max(offs) - min(offs))
     return round(1000 * late, 1)
+
+
+def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -> dict[str, dict]:
+    """Each system's figures as multiples of `baseline`'s (issue 20's and 21's bars read
+    straight from the JSON): tokens/s, and the first token p50 / p99 of the ESI-1 calls the
+    classifier caught (a stock baseline without our levels has none: None) and of every gold
+    ESI-1 call, pooled over the repetitions; and tokens/s repetition by repetition, each
+    against the baseline's of the same number (how far the machine drifted between them; the
+    repetitions are under `turns_key`). Empty without the baseline."""
+    base = systems.get(baseline)
+    if not base:
+        return {}
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    def esi1(r: dict, k: str):
+        return (r.get("esi1_caught") or {}).get(k)
+
+    def gold1(r: dict, k: str):
+        return ((r.get("per_level") or {}).get("1") or {}).get(k)
+
+    out = {}
+    for name, r in systems.items():
+        if name == baseline:
+            continue
+        out[name] = {"tokens_per_s": ratio(r.get("tokens_per_s"), base.get("tokens_per_s")),
+                     "esi1_ttft_p50": ratio(esi1(r, "ttft_p50_ms"), esi1(base, "ttft_p50_ms")),
+                     "esi1_ttft_p99": ratio(esi1(r, "ttft_p99_ms"), esi1(base, "ttft_p99_ms")),
+                     "gold1_ttft_p50": ratio(gold1(r, "ttft_p50_ms"), gold1(base, "ttft_p50_ms")),
+                     "gold1_ttft_p99": ratio(gold1(r, "ttft_p99_ms"), gold1(base, "ttft_p99_ms"))}
+        if r.get(turns_key) and base.get(turns_key):
+            out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"])
+                                               for a, b in zip(r[turns_key], base[turns_key])]
+    return out

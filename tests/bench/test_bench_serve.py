@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from serving.bench.loadgen import Call, Result
-from serving.bench.report import summarize
+from serving.bench.report import against, summarize
 from serving.bench.serve import burst_calls, trace_calls
 from serving.bench.systems import dir_name, port_free
 from serving.bench.texts import PoolError, Text, load_chat, load_pool
@@ -84,6 +84,34 @@ def test_summary_is_per_gold_level_and_counts_errors():
     assert s["tokens_per_s"] == 4.0                               # 40 tokens in 10 s
     assert s["classifier"]["under_triage_1_2"] == 0.0 and s["classifier"]["chat_at_level_1_2"] == 0.0
     assert 0 < s["tdg_ratio"] < 1
+
+
+def test_each_system_is_reported_as_a_multiple_of_each_stock_one():
+    """Issue 20's bars read straight from the JSON's `x_stock` (figures of a run on a slow
+    VM, 2026-12-03): ESI-1 first token against vLLM priority's, which gets our levels (of the
+    calls the classifier caught, and of every gold ESI-1 call); tokens/s against vLLM fcfs's,
+    pooled and repetition by repetition; and a stock system without our levels has no caught
+    ESI-1 calls to compare."""
+    def system(tps, caught, gold1, reps):
+        return {"tokens_per_s": tps, "esi1_caught": caught,
+                "per_level": {"1": {"ttft_p50_ms": gold1[0], "ttft_p99_ms": gold1[1]}},
+                "per_rep": [{"tokens_per_s": t} for t in reps]}
+
+    none = {"n": 0, "ttft_p50_ms": None, "ttft_p99_ms": None}
+    systems = {"triage": system(105.4, {"n": 42, "ttft_p50_ms": 1527.5, "ttft_p99_ms": 2550.1}, (1527.5, 2550.1),
+                                [104.0, 100.5, 112.4]),
+               "vllm-priority": system(109.8, {"n": 42, "ttft_p50_ms": 4251.7, "ttft_p99_ms": 6867.8}, (4251.7, 6867.8),
+                                       [108.1, 109.9, 111.4]),
+               "vllm-fcfs": system(112.5, none, (10165.1, 25076.1), [110.0, 112.9, 114.7])}
+    fcfs = against(systems, "vllm-fcfs", "per_rep")
+    assert set(fcfs) == {"triage", "vllm-priority"}
+    assert fcfs["triage"]["tokens_per_s"] == 0.937 and fcfs["triage"]["tokens_per_s_turns"] == [0.945, 0.89, 0.98]
+    assert fcfs["triage"]["esi1_ttft_p50"] is None                 # fcfs never saw our levels
+    assert fcfs["triage"]["gold1_ttft_p50"] == 0.15
+    prio = against(systems, "vllm-priority", "per_rep")
+    assert prio["triage"]["esi1_ttft_p50"] == 0.359 and prio["triage"]["esi1_ttft_p99"] == 0.371
+    assert prio["vllm-fcfs"]["tokens_per_s"] == 1.025
+    assert against({"triage": systems["triage"]}, "vllm-fcfs", "per_rep") == {}   # no baseline run
 
 
 def test_a_call_the_load_generator_posted_late_is_reported():
@@ -169,6 +197,10 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
     assert split["n"] == caught["n"]
     if split["n"]:
         assert 0 <= split["front_ms_p50"] and 0 < split["engine_ms_p50"] < caught["ttft_max_ms"]
+    # ours against each stock system, as issue 20's bars read it
+    assert set(out["x_stock"]) == {"vllm-fcfs", "vllm-priority"}
+    assert out["x_stock"]["vllm-fcfs"][ours]["tokens_per_s"] > 0
+    assert "vllm-priority" in out["x_stock"]["vllm-fcfs"] and ours in out["x_stock"]["vllm-priority"]
     assert (tmp_path / "cdf.png").stat().st_size > 10_000
     assert port_free(port), "the servers the benchmark started are stopped"
 

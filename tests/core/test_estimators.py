@@ -54,6 +54,26 @@ def test_online_correction_tracks_a_slower_machine():
     assert est.batch_time(w) == pytest.approx(1.5 * est.uncorrected_batch_time(w), rel=0.02)
 
 
+def test_a_few_slow_steps_do_not_shorten_the_steps_after_them():
+    """Live, the first steps of a burst ran 1.1-2.2x their prediction while the front end
+    classified the arriving calls on the same two cores; a window mean carried them into beta
+    for the next ~30 steps, each planned ~20 % shorter than the machine needed (its steps ran
+    at 0.71-0.87 of their prediction, docs/measurements/single-engine.md, 35th day). beta takes
+    the window's median: a spike of 8 steps in 32 moves it by under 3 %, while a lasting change
+    of the machine's speed is still followed."""
+    est = ProServeEstimator(**TRUE)
+    steps = list(batches(140, seed=4))
+    for k, w in enumerate(steps[:100]):
+        pred = est.uncorrected_batch_time(w)
+        est.observe(pred, (2.0 if 60 <= k < 68 else 1.0) * pred)    # a transient 2x spike
+        if k >= 68:
+            assert est.beta == pytest.approx(1.0, rel=0.03), k
+    for w in steps[100:]:                                            # the machine slows down for good
+        pred = est.uncorrected_batch_time(w)
+        est.observe(pred, 1.5 * pred)
+    assert est.beta == pytest.approx(1.5, rel=0.05)
+
+
 @pytest.mark.parametrize("name", available_profiles())
 def test_every_shipped_profile_loads_and_predicts(name):
     prof = load_profile(name)
@@ -91,7 +111,7 @@ def _prompt_heavy(seed=5):
 @pytest.mark.parametrize("factor,speed", [(0.35, 1.0), (2.5, 0.6)])
 def test_learn_shape_finds_a_machine_where_prompts_cost_differently(factor, speed):
     """A profile from one CPU on another: a scalar beta fitted mostly on decode steps leaves
-    prompt-heavy steps 20-60 % off; with learn_shape the prefill ratio rho is learnt and they
+    prompt-heavy steps 15-60 % off; with learn_shape the prefill ratio rho is learnt and they
     are predicted within 5 %."""
     truth = _machine(factor, speed)
     plain, shaped = ProServeEstimator(**TRUE), ProServeEstimator(**TRUE)
@@ -102,7 +122,7 @@ def test_learn_shape_finds_a_machine_where_prompts_cost_differently(factor, spee
     assert shaped.rho == pytest.approx(factor, rel=0.05)
     err = lambda est: max(abs(est.batch_time(w) / truth.batch_time(w) - 1) for w in _prompt_heavy())  # noqa: E731
     assert err(shaped) < 0.05
-    assert err(plain) > 0.2
+    assert err(plain) > 0.15
 
 
 def test_learn_shape_leaves_rho_alone_when_steps_cannot_tell_the_parts_apart():

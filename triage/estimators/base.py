@@ -5,7 +5,14 @@ step on top of `lkv` tokens already in the KV cache (`lq == 1` and `lkv > 0` is 
 `batch_time(works)` is the predicted step time in seconds, already multiplied by the
 online correction factor β (seed 000 §4.1):
 
-    β ← θ·β + (1-θ)·mean(T_real / T_pred)   over a sliding window of recent steps.
+    β ← θ·β + (1-θ)·median(T_real / T_pred)   over a sliding window of recent steps.
+
+The seed takes the window's mean; we take its median. Live, the first steps of a burst ran
+1.1-2.2x their prediction while the front end classified the arriving calls on the engine's
+cores: the mean carried those few steps into β for the whole window after them, and every
+one of those ~30 steps was planned ~20 % shorter than the machine needed (seats filled
+later, ESI-1 prompts waited; docs/measurements/single-engine.md, 35th day). The median
+leaves such a spike out and still follows a lasting change within half a window.
 
 A single β corrects the machine's speed, not the shape of the model: a profile measured on
 one CPU and run on another (whose matrix units make prompts relatively cheaper than decodes,
@@ -23,6 +30,7 @@ every policy that asks the estimator sees it; β keeps correcting the whole.
 """
 from __future__ import annotations
 
+import statistics
 from abc import ABC, abstractmethod
 from collections import deque
 from typing import NamedTuple, Sequence
@@ -111,8 +119,7 @@ class LatencyEstimator(ABC):
         """Online momentum correction from one executed step."""
         if predicted_uncorrected > 0 and real > 0:
             self._ratios.append(real / predicted_uncorrected)
-            mean = sum(self._ratios) / len(self._ratios)
-            self.beta = self.theta * self.beta + (1 - self.theta) * mean
+            self.beta = self.theta * self.beta + (1 - self.theta) * statistics.median(self._ratios)
 
     def learnt(self) -> dict:
         """What the online corrections have learnt (plain numbers): with `set_learnt`, a

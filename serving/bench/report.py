@@ -150,3 +150,10 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
             out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"])
                                                for a, b in zip(r[turns_key], base[turns_key])]
     return out
+
+
+def against_line(name: str, baseline: str, x: dict) -> str:
+    """One system's `against` figures as a line for a person (the benches print it on stderr)."""
+    return (f"{name} x {baseline}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}), "
+            f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']} "
+            f"(gold ESI-1: {x['gold1_ttft_p50']}, {x['gold1_ttft_p99']})")

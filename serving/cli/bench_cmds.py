@@ -42,7 +42,7 @@ def bench_serve(
 ) -> None:
     """Start each system in turn (same model, engine sizes, port), replay the same calls
     over HTTP with streaming, and report first-token and token latency per gold level."""
-    from serving.bench.report import against
+    from serving.bench.report import against, against_line
     from serving.bench.serve import Turn, report_system, run_turn, slo_scale, with_predictions
     from serving.bench.systems import (SYSTEMS, BenchError, EngineSizes, alternating, check_system, dir_name,
                                        require_free_port)
@@ -110,9 +110,7 @@ def bench_serve(
                       if b in out["systems"]}
     for b, xs in out["x_stock"].items():
         for name, x in xs.items():
-            typer.echo(f"{name} x {b}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}), "
-                       f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']} "
-                       f"(gold ESI-1: {x['gold1_ttft_p50']}, {x['gold1_ttft_p99']})", err=True)
+            typer.echo(against_line(name, b, x), err=True)
     out["prefix_cache"] = "kept between repetitions" if warm_cache else "emptied before each repetition"
     out["workdir"] = str(tmp)
     if plot:

@@ -87,6 +87,7 @@ def bench_cluster(
 
     from serving.bench.cluster import (BASELINE, ENGINE_NICE, ROUTER_NAMES, ClusterPlan, against_baseline,
                                        plot as plot_png, run_cluster)
+    from serving.bench.report import against_line
     from serving.bench.serve import _classes, slo_scale, with_predictions
     from serving.bench.systems import BenchError, EngineSizes
     from serving.cli.bench_cmds import live_calibration, scenario_calls, served_model_or_exit
@@ -136,8 +137,7 @@ def bench_cluster(
     out["workdir"] = str(tmp)
     out["x_stock"] = against_baseline(out["routers"])
     for name, x in out["x_stock"].items():
-        typer.echo(f"{name} x {BASELINE}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}), "
-                   f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']}", err=True)
+        typer.echo(against_line(name, BASELINE, x), err=True)
     if plot:
         plot_png(out, plot)
     typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))

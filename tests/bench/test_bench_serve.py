@@ -87,8 +87,8 @@ def test_summary_is_per_gold_level_and_counts_errors():
 
 
 def test_each_system_is_reported_as_a_multiple_of_each_stock_one():
-    """Issue 20's bars read straight from the JSON's `x_stock` (figures of a run on a slow
-    VM, 2026-12-03): ESI-1 first token against vLLM priority's, which gets our levels (of the
+    """Issue 20's bars read straight from the JSON's `x_stock` (pooled figures of a run on a
+    slow VM, 2026-12-03; the turns' tokens/s made up): ESI-1 first token against vLLM priority's, which gets our levels (of the
     calls the classifier caught, and of every gold ESI-1 call); tokens/s against vLLM fcfs's,
     pooled and repetition by repetition; and a stock system without our levels has no caught
     ESI-1 calls to compare."""

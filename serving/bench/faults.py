@@ -547,9 +547,8 @@ async def sigterm_drain(live: Live, streams: int = 6, max_tokens: int = 48, exit
             await asyncio.sleep(0.05)
         t_term = time.monotonic()
         os.kill(pid, signal.SIGTERM)   # the main process only, as systemd (KillMode=mixed) and Kubernetes do
-        await asyncio.sleep(0.3)
+        ready = await _until_draining(live)
         refused = await stream(c, body("A new call after SIGTERM.", "sd-new", 8), Call("sd-new"))
-        ready = await _get(live, "/readyz")
         await asyncio.gather(*tasks)
     code = None
     while time.monotonic() - t_term < exit_timeout_s:
@@ -562,13 +561,29 @@ async def sigterm_drain(live: Live, streams: int = 6, max_tokens: int = 48, exit
     rows = await asyncio.to_thread(audit_rows, live, "sd-")
     v = await asyncio.to_thread(_verify_offline, live.db_url)
     full = sum(x.full for x in calls)
-    ok = (refused.status == 503 and refused.retry_after is not None and ready.status_code == 503
+    ok = (refused.status == 503 and refused.retry_after is not None and ready == 503
           and full == streams and code == 0 and len(rows) == streams and spool == 0 and v["ok"])
     return {"ok": bool(ok), "in_flight_at_sigterm": streams, "finished_in_full": full,
             "new_call_status": refused.status, "new_call_retry_after": refused.retry_after,
-            "readyz_while_draining": ready.status_code, "exit_code": code, "sigterm_to_exit_s": exit_s,
+            "readyz_while_draining": ready, "exit_code": code, "sigterm_to_exit_s": exit_s,
             "audit_rows": len(rows), "outcomes": _outcomes(rows), "spool_lines_after": spool,
             "chain_verifies": v["ok"], "chain_events": v.get("events")}
+
+
+async def _until_draining(live: Live, timeout_s: float = 10.0) -> int | None:
+    """/readyz polled from the moment SIGTERM is sent until it stops answering 200 (the
+    signal has landed and the drain begun): its status then, or None when the server had
+    already exited. A fixed wait before one probe raced the drain on a fast machine: its
+    streams finished, the server exited, and the probe found nothing listening (CI, 2026-12-04)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            status = (await _get(live, "/readyz")).status_code
+        except httpx.TransportError:
+            return None
+        if status != 200 or time.monotonic() - t0 > timeout_s:
+            return status
+        await asyncio.sleep(0.02)
 
 
 def _lines(p: Path) -> int:

@@ -193,21 +193,40 @@ def kill_group(srv: Server) -> None:
     srv.proc.wait(10)
 
 
+def per_instance(rows: list[tuple[str, int, float | None]], t0: float) -> dict[str, dict]:
+    """Per instance (url, output tokens, finish time or None) -> {"calls", "output_tokens",
+    "last_finish_s"}: the work an instance was given and when it ended, in seconds after `t0`
+    (the burst's first call). Steps per instance do not measure load: the instance that got more
+    of the least urgent calls runs the level order's longer tail of short steps
+    (docs/measurements/cluster.md, 2026-12-04)."""
+    out: dict[str, dict] = {}
+    for inst, tokens, finish in rows:
+        d = out.setdefault(inst, {"calls": 0, "output_tokens": 0, "last_finish_s": None})
+        d["calls"] += 1
+        d["output_tokens"] += int(tokens or 0)
+        if finish is not None:
+            d["last_finish_s"] = round(max(d["last_finish_s"] or 0.0, finish - t0), 2)
+    return dict(sorted(out.items()))
+
+
 def audit_rows(db: Path) -> dict:
-    """Rows of the front end's `requests` table: count and outcomes, per instance, and per
+    """Rows of the front end's `requests` table: count and outcomes, per instance the calls,
+    output tokens and last finish (`per_instance`, seconds after the first arrival), and per
     level the time a call spent in the front end before it was handed to an instance
     (arrival to dispatch: reading, classifying, the admission queue), p50 / max in ms."""
     if not db.exists():
-        return {"rows": 0, "outcomes": {}, "instances": {}, "front_ms": {}}
+        return {"rows": 0, "outcomes": {}, "per_instance": {}, "front_ms": {}}
     with contextlib.closing(sqlite3.connect(str(db))) as c:
         outcomes = dict(c.execute("SELECT outcome, count(*) FROM requests GROUP BY outcome").fetchall())
-        inst = dict(c.execute("SELECT coalesce(instance, '-'), count(*) FROM requests GROUP BY instance").fetchall())
+        (t0,) = c.execute("SELECT min(arrival) FROM requests").fetchone()
+        inst = per_instance(c.execute("SELECT coalesce(instance, '-'), output_tokens, finish FROM requests").fetchall(),
+                            t0 or 0.0)
         waits: dict[str, list[float]] = {}
         for level, wait in c.execute("SELECT effective_level, dispatched - arrival FROM requests "
                                      "WHERE dispatched IS NOT NULL"):
             waits.setdefault(str(level), []).append(1000 * wait)
     front = {lv: {"p50": round(statistics.median(w), 1), "max": round(max(w), 1)} for lv, w in sorted(waits.items())}
-    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "instances": inst, "front_ms": front}
+    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "per_instance": inst, "front_ms": front}
 
 
 def clear_error(r: Result) -> bool:
@@ -326,6 +345,9 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         res = sorted(asyncio.run(both()), key=lambda r: r.call.idx)
         cpu = _cpu_since(instances, cpu0)
         audit = None
+        where = {c.idx: s.url for s, g in zip(instances, groups) for c in g}
+        t0 = min((r.sent for r in res if r.sent), default=0.0)
+        load = per_instance([(where[r.call.idx], r.tokens, r.end) for r in res], t0)
     else:
         front = start_front(router, [s.url for s in instances], plan, model, router)
         cpu0.update(_cpu([front]))
@@ -350,6 +372,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
                 timer.cancel()
             stop(front)
         audit = audit_rows(front.extra["dir"] / "audit.db")
+        load = audit.pop("per_instance")   # calls, output tokens and last finish per instance
     if timer is not None:
         timer.cancel()
         timer.join(1)
@@ -365,8 +388,10 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
     out["completed"] = len(ok)
     out["cpu_s"] = cpu
-    # engine steps per instance during the run: fewer, fuller steps serve more tokens/s
+    # engine steps per instance during the run: fewer, fuller steps serve more tokens/s (not a
+    # measure of load: `per_instance`)
     out["engine_steps"] = [None if a is None or b is None else b - a for a, b in zip(steps0, _steps(instances))]
+    out["per_instance"] = load
     if router != BASELINE:
         out["faults"] = faults
         out["front_pauses"] = pauses
@@ -391,8 +416,8 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
     return [r for _, r in alternating(base, turns)]
 
 
-TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "faults", "front_pauses", "audit",
-               "killed", "after_kill")
+TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "per_instance", "faults",
+               "front_pauses", "audit", "killed", "after_kill")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
@@ -477,7 +502,9 @@ def line(name: str, s: dict) -> str:
     one = s["per_level"].get("1", {})
     return (f"{name}: {s['completed']} ok, {s['errors']} clear errors, {s['lost']} lost, TDG {s['tdg_ratio']}, "
             f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
-            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms")
+            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms"
+            + "".join(f"\n  {url}: {d['calls']} calls, {d['output_tokens']} output tokens, last done {d['last_finish_s']} s"
+                      for url, d in s.get("per_instance", {}).items()))
 
 
 def plot(out: dict, path: Path) -> None:

@@ -157,3 +157,36 @@ def test_each_router_is_reported_as_a_multiple_of_the_stock_baseline():
     assert cluster.against_baseline({"gorouting": routers["gorouting"]}) == {}   # no baseline run
     routers["gorouting"]["esi1_caught"]["ttft_p50_ms"] = None                      # no ESI-1 call caught
     assert cluster.against_baseline(routers)["gorouting"]["esi1_ttft_p50"] is None
+
+
+def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
+    """The front end's audit database (the real schema, by Alembic) read back per instance:
+    what each instance was given and when it ended, so that a reader of `bench cluster`
+    can tell uneven work (one instance done seconds after the other) from uneven steps (two
+    instances done together, one with the longer tail of short steps). A call never
+    dispatched (shed at the front end) counts under '-' and has no finish."""
+    from sqlalchemy.orm import Session
+
+    from serving.db.models import RequestRow
+    from serving.db.session import make_engine, upgrade
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    upgrade(url)
+    t0 = 1_800_000_000.0
+    rows = [("a", 0.0, 40.79, 38, "http://i0"), ("b", 0.5, 12.0, 64, "http://i0"), ("c", 0.2, 40.57, 10, "http://i1"),
+            ("d", 1.0, None, 0, None)]
+    with Session(make_engine(url)) as s:
+        for rid, at, fin, out, inst in rows:
+            s.add(RequestRow(id=rid, endpoint="chat", effective_level=5, ttft_slo=1.0, tpot_slo=0.1, classes_version=1,
+                             arrival=t0 + at, dispatched=None if inst is None else t0 + at + 0.01,
+                             finish=None if fin is None else t0 + fin, output_tokens=out, instance=inst,
+                             outcome="ok" if inst else "shed"))
+        s.commit()
+    got = cluster.audit_rows(tmp_path / "audit.db")
+    assert got["rows"] == 4 and got["outcomes"] == {"ok": 3, "shed": 1}
+    assert got["per_instance"] == {"-": {"calls": 1, "output_tokens": 0, "last_finish_s": None},
+                                   "http://i0": {"calls": 2, "output_tokens": 102, "last_finish_s": 40.79},
+                                   "http://i1": {"calls": 1, "output_tokens": 10, "last_finish_s": 40.57}}
+    line = cluster.line("gorouting", {"completed": 3, "errors": 1, "lost": 0, "tdg_ratio": 1.0, "tokens_per_s": 1.0,
+                                      "goodput_rps": 1.0, "per_level": {}, "per_instance": got["per_instance"]})
+    assert "http://i0: 2 calls, 102 output tokens, last done 40.79 s" in line

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
-from serving.bench.report import against, summarize
+from serving.bench.report import against, steal_note, summarize
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
                                    port_free, require_free_port, reset_prefix_cache, stop)
 
@@ -320,6 +320,8 @@ def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
 def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, instances: list[Server],
                classes, on_done: Callable[[Result], None] | None = None) -> tuple[dict, list[Result]]:
     """One router's run on already-started instances; returns (report, results)."""
+    from serving.bench.serve import steal_seconds
+
     killed: dict = {}
     timer = None
     t_start = time.time()
@@ -328,7 +330,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         killed.update({"instance": instances[0].url, "at_s": round(time.time() - t_start, 2)})
         kill_group(instances[0])
 
-    cpu0, steps0 = _cpu(instances), _steps(instances)
+    cpu0, steps0, steal0 = _cpu(instances), _steps(instances), steal_seconds()
     faults = pauses = None   # the front end's re-routes and resumptions, its stalls (not for the stock baseline)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
@@ -392,6 +394,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     # measure of load: `per_instance`)
     out["engine_steps"] = [None if a is None or b is None else b - a for a, b in zip(steps0, _steps(instances))]
     out["per_instance"] = load
+    out["vm_steal_s"] = round(steal_seconds() - steal0, 2)   # the hypervisor's share of the run (steal_note)
     if router != BASELINE:
         out["faults"] = faults
         out["front_pauses"] = pauses
@@ -416,8 +419,8 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
     return [r for _, r in alternating(base, turns)]
 
 
-TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "per_instance", "faults",
-               "front_pauses", "audit", "killed", "after_kill")
+TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "per_instance", "vm_steal_s",
+               "faults", "front_pauses", "audit", "killed", "after_kill")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
@@ -434,6 +437,7 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
     out["lost_examples"] = sorted({e for r in reps for e in r.get("lost_examples", [])})[:3]
     out["cpu_s"] = {k: round(sum(r["cpu_s"].get(k, 0.0) for r in reps), 1) for k in reps[0]["cpu_s"]}
     out["engine_steps"] = [r["engine_steps"] for r in reps]
+    out["vm_steal_s"] = round(sum(r.get("vm_steal_s", 0.0) for r in reps), 2)
     out["turns"] = [{k: r[k] for k in TURN_FIELDS if k in r} | {"esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]}
                     for r in reps]
     return out
@@ -502,7 +506,7 @@ def line(name: str, s: dict) -> str:
     one = s["per_level"].get("1", {})
     return (f"{name}: {s['completed']} ok, {s['errors']} clear errors, {s['lost']} lost, TDG {s['tdg_ratio']}, "
             f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
-            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms"
+            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + steal_note(s.get("vm_steal_s"))
             + "".join(f"\n  {url}: {d['calls']} calls, {d['output_tokens']} output tokens, last done {d['last_finish_s']} s"
                       for url, d in s.get("per_instance", {}).items()))
 

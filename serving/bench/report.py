@@ -157,3 +157,12 @@ def against_line(name: str, baseline: str, x: dict) -> str:
     return (f"{name} x {baseline}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}), "
             f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']} "
             f"(gold ESI-1: {x['gold1_ttft_p50']}, {x['gold1_ttft_p99']})")
+
+
+def steal_note(steal_s: float | None) -> str:
+    """A run's line gets a warning when the hypervisor took more than a second of CPU from
+    the VM while it ran (`vm_steal_s`): its figures, and any comparison with a system run
+    at another time, carry that slow spell."""
+    if not steal_s or steal_s < 1.0:
+        return ""
+    return f", VM steal {steal_s} CPU-s (the VM was slowed: compare with care)"

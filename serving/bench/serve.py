@@ -76,12 +76,14 @@ class Turn:
     floors: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)
     steps: list[int] = field(default_factory=list)   # engine steps per repetition (where /metrics says)
+    steals: list[float] = field(default_factory=list)   # the VM's steal seconds per repetition
 
     def add(self, other: "Turn") -> "Turn":
         self.results += other.results
         self.walls += other.walls
         self.floors += other.floors
         self.steps += other.steps
+        self.steals += other.steals
         for k, v in other.cpu_s.items():
             self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
         return self
@@ -102,9 +104,10 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
         for _ in range(reps):
             if not warm_cache:
                 reset_prefix_cache(srv)
-            steps0 = engine_steps(srv.url)
+            steps0, steal0 = engine_steps(srv.url), steal_seconds()
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
+            turn.steals.append(steal_seconds() - steal0)
             steps1 = engine_steps(srv.url, settle_s=0.6)
             if steps0 is not None and steps1 is not None:
                 turn.steps.append(steps1 - steps0)
@@ -127,6 +130,8 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
     if turn.steps:   # how many engine steps a repetition took: fewer, fuller steps serve more tokens/s
         out["engine_steps"] = turn.steps
+    if turn.steals:  # CPU time the hypervisor took while this system was measured
+        out["vm_steal_s"] = round(sum(turn.steals), 2)
     # each repetition on its own, in the order run (with --turns, one per start): how far
     # the VM's speed drifted during the run, beside the pooled figures above
     n = len(turn.walls)
@@ -136,6 +141,9 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
         reps = [summarize(turn.results[i * k:(i + 1) * k], turn.walls[i:i + 1], classes) for i in range(n)]
         out["per_rep"] = [{"wall_s": r["wall_s"], "tokens_per_s": r["tokens_per_s"],
                            "esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]} for r in reps]
+        if len(turn.steals) == n:
+            for r, st in zip(out["per_rep"], turn.steals):
+                r["vm_steal_s"] = round(st, 2)
     return out
 
 
@@ -200,6 +208,16 @@ def steps_in(metrics_text: str) -> int | None:
             if smp.name in ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"):
                 return int(smp.value)
     return None
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor has taken from this VM since boot (`steal` in /proc/stat,
+    summed over its CPUs; 0 where the kernel does not report it). Over a repetition, time
+    during which the engine's cores were not ours: a VM's slow spell that would otherwise be
+    charged to whichever system ran through it."""
+    import psutil
+
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:

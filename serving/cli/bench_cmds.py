@@ -195,10 +195,13 @@ def _rate_scale(value: str) -> float:
 
 
 def _line(name: str, s: dict) -> str:
+    from serving.bench.report import steal_note
+
     one = s["per_level"].get("1", {})
     return (f"{name}: {s['completed']} ok, {s['errors']} errors, {s['tokens_per_s']} tok/s, burst {s['wall_s']} s, "
             f"ESI-1 TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms "
-            f"(caught: {s['esi1_caught']}), idle {s['idle_ttft_ms']} ms, client late <= {s['client_late_max_ms']} ms")
+            f"(caught: {s['esi1_caught']}), idle {s['idle_ttft_ms']} ms, client late <= {s['client_late_max_ms']} ms"
+            + steal_note(s.get("vm_steal_s")))
 
 
 def _plot(out: dict, raw: dict, path: Path) -> None:

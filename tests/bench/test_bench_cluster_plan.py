@@ -101,15 +101,15 @@ def test_turns_are_reported_together_and_each_on_its_own():
 
     classes = _classes()
 
-    def turn(tokens: int, wall: float, cpu: float):
+    def turn(tokens: int, wall: float, cpu: float, steal: float = 0.0):
         res = [Result(Call(i, "t", 1 if i == 0 else 3, "dispatch", 0.0, 64), sent=0.0, first=0.2 + i, end=wall,
                       tokens=tokens, level=1 if i == 0 else 3) for i in range(2)]
         rep = cluster.summarize(res, [wall], classes) | {"lost": 0, "lost_examples": [], "audit_rows_missing": 0,
                                                         "cpu_s": {"front": cpu, "instances_engine": 10 * cpu},
-                                                        "engine_steps": [50, 60], "errors": 0}
+                                                        "engine_steps": [50, 60], "errors": 0, "vm_steal_s": steal}
         return rep, res
 
-    one, two = turn(30, 10.0, 1.0), turn(10, 30.0, 2.0)
+    one, two = turn(30, 10.0, 1.0), turn(10, 30.0, 2.0, steal=4.5)
     assert cluster.merge_turns([one], classes) is one[0]
     m = cluster.merge_turns([one, two], classes)
     assert m["tokens_per_s"] == round((2 * 30 + 2 * 10) / 40.0, 1)   # 2.0, where the mean of rates would be 3.3
@@ -118,6 +118,9 @@ def test_turns_are_reported_together_and_each_on_its_own():
     assert m["engine_steps"] == [[50, 60], [50, 60]]
     assert [t["tokens_per_s"] for t in m["turns"]] == [6.0, round(20 / 30.0, 1)]
     assert [t["esi1_ttft_p50_ms"] for t in m["turns"]] == [200.0, 200.0]
+    # the turn the hypervisor slowed is marked, and so is the pooled line
+    assert [t["vm_steal_s"] for t in m["turns"]] == [0.0, 4.5] and m["vm_steal_s"] == 4.5
+    assert "VM steal 4.5 CPU-s" in cluster.line("gorouting", m) and "VM steal" not in cluster.line("gorouting", one[0])
 
 
 def test_front_pauses_reads_the_front_ends_stalls_and_longest_collections():

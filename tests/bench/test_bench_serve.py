@@ -254,7 +254,8 @@ def test_calibration_burst_fills_every_seat_at_once():
 
 def _record_turns(monkeypatch) -> list:
     """Replace bench serve's `run_turn` by one that records (system, repetitions) per start
-    and reports every call served; each start is a slower VM than the last (its wall)."""
+    and reports every call served; each start is a slower VM than the last (its wall), and
+    during the second start the hypervisor took 2.5 CPU-s a repetition (VM steal)."""
     import serving.bench.serve as serve
 
     started: list = []
@@ -266,6 +267,7 @@ def _record_turns(monkeypatch) -> list:
             t.results.append(Result(call=c, sent=c.at, first=c.at + 0.2, end=c.at + 1.0, tokens=4,
                                     chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
         t.walls += [float(len(started))] * reps
+        t.steals += [2.5 if len(started) == 2 else 0.0] * reps
         return t
 
     monkeypatch.setattr(serve, "run_turn", fake_turn)
@@ -302,6 +304,13 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, flag):
         per_rep = out["systems"][name]["per_rep"]
         assert [r["wall_s"] for r in per_rep] == want_walls
         assert [r["tokens_per_s"] for r in per_rep] == [round(24 / w, 1) for w in want_walls]
+    # the repetitions the VM was slowed in are marked, and the system's line warns
+    steals = {"triage": [0.0, 0.0], "vllm-fcfs": [2.5, 0.0] if turns else [2.5, 2.5]}
+    for name, want_steal in steals.items():
+        assert [r["vm_steal_s"] for r in out["systems"][name]["per_rep"]] == want_steal
+    lines = {ln.split(":")[0]: ln for ln in r.output.splitlines() if " ok, " in ln}
+    assert "VM steal 2.5 CPU-s" in lines["vllm-fcfs"] if turns else "VM steal 5.0 CPU-s" in lines["vllm-fcfs"]
+    assert "VM steal" not in lines["triage"]
 
 
 def test_one_repetition_starts_each_system_once(tmp_path, monkeypatch):

@@ -306,11 +306,16 @@ def _cpu_since(servers: list[Server], before: dict) -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def _steps(servers: list[Server]) -> list[int | None]:
-    """Each instance's engine steps so far (its /metrics; None where unreadable, e.g. killed)."""
-    from serving.bench.serve import engine_steps
+def _counters(servers: list[Server]) -> list[dict[str, int]]:
+    """Each instance's engine counters so far (its /metrics: steps, tokens computed,
+    preemptions; {} where unreadable, e.g. killed)."""
+    from serving.bench.serve import engine_counters
 
-    return [engine_steps(s.url) for s in servers]
+    return [engine_counters(s.url) for s in servers]
+
+
+def _delta(before: list[dict], after: list[dict], key: str) -> list[int | None]:
+    return [b[key] - a[key] if key in a and key in b else None for a, b in zip(before, after)]
 
 
 def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
@@ -330,7 +335,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         killed.update({"instance": instances[0].url, "at_s": round(time.time() - t_start, 2)})
         kill_group(instances[0])
 
-    cpu0, steps0, steal0 = _cpu(instances), _steps(instances), steal_seconds()
+    cpu0, count0, steal0 = _cpu(instances), _counters(instances), steal_seconds()
     faults = pauses = None   # the front end's re-routes and resumptions, its stalls (not for the stock baseline)
     if router == BASELINE:
         groups = _split_rr(calls, len(instances))
@@ -390,9 +395,16 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     out["lost_examples"] = sorted({r.error or "no [DONE]" for r in unclear})[:3]
     out["completed"] = len(ok)
     out["cpu_s"] = cpu
-    # engine steps per instance during the run: fewer, fuller steps serve more tokens/s (not a
-    # measure of load: `per_instance`)
-    out["engine_steps"] = [None if a is None or b is None else b - a for a, b in zip(steps0, _steps(instances))]
+    # per instance during the run: engine steps (fewer, fuller steps serve more tokens/s; not a
+    # measure of load: `per_instance`), tokens computed (more than the calls' prompts and
+    # answers by what preemptions recomputed) and preemptions
+    count1 = _counters(instances)
+    out["engine_steps"] = _delta(count0, count1, "steps")
+    out["engine_tokens"] = _delta(count0, count1, "tokens")
+    out["preemptions"] = _delta(count0, count1, "preemptions")
+    for i, inst in enumerate(instances):   # ... also beside each instance's calls
+        if inst.url in load:
+            load[inst.url].update({k: out[k][i] for k in ("engine_steps", "engine_tokens", "preemptions")})
     out["per_instance"] = load
     out["vm_steal_s"] = round(steal_seconds() - steal0, 2)   # the hypervisor's share of the run (steal_note)
     if router != BASELINE:
@@ -419,8 +431,8 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
     return [r for _, r in alternating(base, turns)]
 
 
-TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "per_instance", "vm_steal_s",
-               "faults", "front_pauses", "audit", "killed", "after_kill")
+TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "engine_tokens", "preemptions",
+               "per_instance", "vm_steal_s", "faults", "front_pauses", "audit", "killed", "after_kill")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
@@ -436,7 +448,8 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
             out[k] = sum(r[k] for r in reps)
     out["lost_examples"] = sorted({e for r in reps for e in r.get("lost_examples", [])})[:3]
     out["cpu_s"] = {k: round(sum(r["cpu_s"].get(k, 0.0) for r in reps), 1) for k in reps[0]["cpu_s"]}
-    out["engine_steps"] = [r["engine_steps"] for r in reps]
+    for k in ("engine_steps", "engine_tokens", "preemptions"):
+        out[k] = [r.get(k) for r in reps]
     out["vm_steal_s"] = round(sum(r.get("vm_steal_s", 0.0) for r in reps), 2)
     out["turns"] = [{k: r[k] for k in TURN_FIELDS if k in r} | {"esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]}
                     for r in reps]
@@ -508,7 +521,14 @@ def line(name: str, s: dict) -> str:
             f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
             f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + steal_note(s.get("vm_steal_s"))
             + "".join(f"\n  {url}: {d['calls']} calls, {d['output_tokens']} output tokens, last done {d['last_finish_s']} s"
-                      for url, d in s.get("per_instance", {}).items()))
+                      + _engine_note(d) for url, d in s.get("per_instance", {}).items()))
+
+
+def _engine_note(d: dict) -> str:
+    """An instance's engine work in a run, where its /metrics said: steps, tokens computed, preemptions."""
+    parts = [f"{d[k]} {what}" for k, what in (("engine_steps", "steps"), ("engine_tokens", "tokens computed"),
+                                             ("preemptions", "preempted")) if d.get(k) is not None]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def plot(out: dict, path: Path) -> None:

@@ -104,11 +104,15 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
         for _ in range(reps):
             if not warm_cache:
                 reset_prefix_cache(srv)
-            steps0, steal0 = engine_steps(srv.url), steal_seconds()
+            # settled both times: the probes and prefix-cache reset just before ran steps our
+            # service's counter may not show yet (it polls its engine every 0.5 s); read
+            # unsettled, those steps were charged to the burst (6-19 of ~150 measured
+            # 2026-12-04 against the step log)
+            steps0, steal0 = engine_steps(srv.url, settle_s=STEPS_SETTLE_S), steal_seconds()
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
             turn.steals.append(steal_seconds() - steal0)
-            steps1 = engine_steps(srv.url, settle_s=0.6)
+            steps1 = engine_steps(srv.url, settle_s=STEPS_SETTLE_S)
             if steps0 is not None and steps1 is not None:
                 turn.steps.append(steps1 - steps0)
             sent = [r.sent for r in res if r.sent]
@@ -182,31 +186,53 @@ def esi1_time_split(results: list[Result], db_url: str) -> dict:
             "engine_ms_p50": pct(engine, 50), "engine_ms_p99": pct(engine, 99)}
 
 
-def engine_steps(url: str, settle_s: float = 0.0) -> int | None:
-    """Engine steps so far, read from the server's /metrics (`steps_in`); our service polls
-    its engine every 0.5 s: `settle_s` waits that out. None when unreadable."""
+STEPS_SETTLE_S = 0.6   # our service's step counter trails its engine by up to 0.5 s
+
+
+def engine_counters(url: str, settle_s: float = 0.0) -> dict[str, int]:
+    """The engine's counters so far, read from the server's /metrics (`counters_in`); our
+    service polls its engine every 0.5 s: `settle_s` waits that out. {} when unreadable."""
     import time
 
     import httpx
 
     time.sleep(settle_s)
     try:
-        return steps_in(httpx.get(url + "/metrics", timeout=5).text)
+        return counters_in(httpx.get(url + "/metrics", timeout=5).text)
     except httpx.HTTPError:
-        return None
+        return {}
+
+
+def engine_steps(url: str, settle_s: float = 0.0) -> int | None:
+    """Engine steps so far (`engine_counters`); None when unreadable."""
+    return engine_counters(url, settle_s).get("steps")
+
+
+# what a /metrics says about the engine's work: steps (stock vLLM and `triage instance`: the
+# per-step histogram's count; our service: its step counter), tokens computed (the same
+# histogram's sum: prompt chunks, decodes and recomputed prompts of preempted requests) and
+# preemptions. A counter that is absent is left out, never guessed.
+ENGINE_COUNTERS = {"steps": ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"),
+                   "tokens": ("vllm:iteration_tokens_total_sum",),
+                   "preemptions": ("vllm:num_preemptions_total",)}
+
+
+def counters_in(metrics_text: str) -> dict[str, int]:
+    """`ENGINE_COUNTERS` found in a Prometheus text, each summed over its label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {n: key for key, ns in ENGINE_COUNTERS.items() for n in ns}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        for smp in fam.samples:
+            if smp.name in names:
+                out[names[smp.name]] = out.get(names[smp.name], 0.0) + smp.value
+    return {k: int(v) for k, v in out.items()}
 
 
 def steps_in(metrics_text: str) -> int | None:
-    """The engine step count in a Prometheus text: vLLM's `vllm:iteration_tokens_total`
-    histogram count (one sample per step: stock vLLM and `triage instance`) or our service's
-    `triage_engine_steps_total`; None when it holds neither."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for fam in text_string_to_metric_families(metrics_text):
-        for smp in fam.samples:
-            if smp.name in ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"):
-                return int(smp.value)
-    return None
+    """The engine step count in a Prometheus text (`counters_in`); None when it holds none."""
+    return counters_in(metrics_text).get("steps")
 
 
 def steal_seconds() -> float:

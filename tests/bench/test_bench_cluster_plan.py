@@ -193,3 +193,10 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
     line = cluster.line("gorouting", {"completed": 3, "errors": 1, "lost": 0, "tdg_ratio": 1.0, "tokens_per_s": 1.0,
                                       "goodput_rps": 1.0, "per_level": {}, "per_instance": got["per_instance"]})
     assert "http://i0: 2 calls, 102 output tokens, last done 40.79 s" in line
+    # where the instances' /metrics said, each one's engine work is printed beside its calls
+    got["per_instance"]["http://i0"].update(engine_steps=179, engine_tokens=9120, preemptions=3)
+    got["per_instance"]["http://i1"].update(engine_steps=148, engine_tokens=None, preemptions=None)
+    line = cluster.line("gorouting", {"completed": 3, "errors": 1, "lost": 0, "tdg_ratio": 1.0, "tokens_per_s": 1.0,
+                                      "goodput_rps": 1.0, "per_level": {}, "per_instance": got["per_instance"]})
+    assert "last done 40.79 s; 179 steps, 9120 tokens computed, 3 preempted" in line
+    assert "  http://i1: 1 calls, 10 output tokens, last done 40.57 s; 148 steps" in line.splitlines()

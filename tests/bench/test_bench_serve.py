@@ -140,6 +140,14 @@ def test_engine_steps_are_read_from_either_servers_metrics():
             'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 141.0\n'
             'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9101.0\n')
     assert steps_in(vllm) == 141
+    # the same histogram's sum is every token the engine computed (recomputed prompts too),
+    # beside vLLM's preemption counter; what a server does not export is left out
+    from serving.bench.serve import counters_in
+
+    preempt = ('# TYPE vllm:num_preemptions_total counter\n'
+               'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n')
+    assert counters_in(vllm + preempt) == {"steps": 141, "tokens": 9101, "preemptions": 4}
+    assert counters_in(vllm) == {"steps": 141, "tokens": 9101}
     from serving.metrics import Metrics
 
     m = Metrics()

@@ -106,7 +106,7 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
                 reset_prefix_cache(srv)
             # settled both times: the probes and prefix-cache reset just before ran steps our
             # service's counter may not show yet (it polls its engine every 0.5 s); read
-            # unsettled, those steps were charged to the burst (6-19 of ~150 measured
+            # unsettled, those steps were charged to the burst (6-12 of ~150, measured
             # 2026-12-04 against the step log)
             steps0, steal0 = engine_steps(srv.url, settle_s=STEPS_SETTLE_S), steal_seconds()
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,

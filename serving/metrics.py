@@ -28,6 +28,11 @@ class Metrics:
         self.step_time = Histogram("triage_engine_step_seconds", "Engine step time", buckets=LAT_BUCKETS, registry=r)
         self.engine_steps = Counter("triage_engine_steps", "Engine steps run (vLLM's schedule calls; read "
                                     "every 0.5 s from the engine's scheduler)", registry=r)
+        self.engine_tokens = Counter("triage_engine_tokens", "Tokens the engine computed: prompt chunks, decodes "
+                                     "and the prompts of preempted requests recomputed (read as engine_steps)",
+                                     registry=r)
+        self.engine_preemptions = Counter("triage_engine_preemptions", "Running requests preempted in the engine, "
+                                          "by our scheduler or by vLLM itself (read as engine_steps)", registry=r)
         self.estimator_error = Histogram("triage_estimator_relative_error", "|T_real - T_pred| / T_real per step",
                                          buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2), registry=r)
         self.audit_spool = Gauge("triage_audit_spool_records", "Audit records waiting in the spool file", registry=r)

@@ -159,6 +159,7 @@ class StepRecord:
 class TriageStats:
     steps: int = 0
     empty_steps: int = 0
+    tokens: int = 0                    # tokens computed: prompt chunks, decodes, recomputed prompts
     plan_mismatches: int = 0
     plan_repairs: int = 0
     kv_mismatches: int = 0
@@ -449,6 +450,7 @@ class TriageScheduler(Scheduler):
         preempted = sorted(out.preempted_req_ids)
         ours = sorted(victims)
         self.tstats.steps += 1
+        self.tstats.tokens += sum(scheduled.values())
         if not scheduled:
             self.tstats.empty_steps += 1
         if repaired:

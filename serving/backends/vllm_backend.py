@@ -15,6 +15,7 @@ from triage.classes import PriorityClasses
 log = logging.getLogger(__name__)
 
 ENGINE_PROFILE = "vllm-cpu-smollm2"
+ENGINE_COUNTERS = ("steps", "tokens", "preemptions")   # the scheduler's counters fed to /metrics
 
 
 def engine_profile(name: str | None) -> str:
@@ -41,7 +42,7 @@ class VLLMBackend:
         self._own_engine = engine is None
         self.instance = "vllm-0"
         self._poll: asyncio.Task | None = None
-        self._last_steps = 0
+        self._last = dict.fromkeys(ENGINE_COUNTERS, 0)   # the engine's counters at the last poll
 
     def _config(self):
         import psutil
@@ -167,21 +168,31 @@ class VLLMBackend:
         return self.engine.step_stats() if self.engine is not None else {}
 
     async def _poll_stats(self) -> None:
-        """Feed the engine's step counters into the Prometheus histograms (one sample per
-        poll: the last step's time and the estimator's mean error)."""
+        """Feed the engine's step counters into Prometheus every 0.5 s (`feed_stats`)."""
         while True:
             await asyncio.sleep(0.5)
             if self.metrics is None:
                 continue
             self.metrics.standby_ready.set(1 if self.standby_state == "ready" else 0)
-            st = self.step_stats()
-            steps = int(st.get("steps") or 0)
-            if steps < self._last_steps:   # a new engine (restart, standby) counts from 0
-                self._last_steps = 0
-            if steps > self._last_steps:
-                self.metrics.engine_steps.inc(steps - self._last_steps)
-                self._last_steps = steps
-                if st.get("last_step_s") is not None:
-                    self.metrics.step_time.observe(float(st["last_step_s"]))
-                if st.get("estimator_ape_mean") is not None:
-                    self.metrics.estimator_error.observe(float(st["estimator_ape_mean"]))
+            self.feed_stats(self.step_stats())
+
+    def feed_stats(self, st: dict) -> None:
+        """One poll of the scheduler's counters into the Prometheus counters (steps, tokens
+        computed, preemptions: ours and any vLLM made itself), each by its growth since the
+        last poll, and a sample of the last step's time and the estimator's mean error when
+        steps ran. A new engine (restart, standby takeover) counts from 0 again."""
+        now = {"steps": int(st.get("steps") or 0), "tokens": int(st.get("tokens") or 0),
+               "preemptions": int(st.get("preemptions") or 0) + int(st.get("vllm_preemptions") or 0)}
+        if now["steps"] < self._last["steps"]:
+            self._last = dict.fromkeys(ENGINE_COUNTERS, 0)
+        for key, counter in zip(ENGINE_COUNTERS, (self.metrics.engine_steps, self.metrics.engine_tokens,
+                                                  self.metrics.engine_preemptions)):
+            if now[key] > self._last[key]:
+                counter.inc(now[key] - self._last[key])
+        ran = now["steps"] > self._last["steps"]
+        self._last = now
+        if ran:
+            if st.get("last_step_s") is not None:
+                self.metrics.step_time.observe(float(st["last_step_s"]))
+            if st.get("estimator_ape_mean") is not None:
+                self.metrics.estimator_error.observe(float(st["estimator_ape_mean"]))

@@ -75,14 +75,17 @@ class Turn:
     walls: list[float] = field(default_factory=list)
     floors: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)
-    steps: list[int] = field(default_factory=list)   # engine steps per repetition (where /metrics says)
+    # per engine counter (`ENGINE_COUNTERS`: steps, tokens, preemptions), its growth in each
+    # repetition, where the server's /metrics says
+    work: dict[str, list[int]] = field(default_factory=dict)
     steals: list[float] = field(default_factory=list)   # the VM's steal seconds per repetition
 
     def add(self, other: "Turn") -> "Turn":
         self.results += other.results
         self.walls += other.walls
         self.floors += other.floors
-        self.steps += other.steps
+        for k, v in other.work.items():
+            self.work.setdefault(k, []).extend(v)
         self.steals += other.steals
         for k, v in other.cpu_s.items():
             self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
@@ -108,13 +111,13 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
             # service's counter may not show yet (it polls its engine every 0.5 s); read
             # unsettled, those steps were charged to the burst (6-12 of ~150, measured
             # 2026-12-04 against the step log)
-            steps0, steal0 = engine_steps(srv.url, settle_s=STEPS_SETTLE_S), steal_seconds()
+            count0, steal0 = engine_counters(srv.url, settle_s=STEPS_SETTLE_S), steal_seconds()
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
             turn.steals.append(steal_seconds() - steal0)
-            steps1 = engine_steps(srv.url, settle_s=STEPS_SETTLE_S)
-            if steps0 is not None and steps1 is not None:
-                turn.steps.append(steps1 - steps0)
+            count1 = engine_counters(srv.url, settle_s=STEPS_SETTLE_S)
+            for k in count0.keys() & count1.keys():
+                turn.work.setdefault(k, []).append(count1[k] - count0[k])
             sent = [r.sent for r in res if r.sent]
             ends = [r.end for r in res if r.end is not None]
             turn.walls.append(max(ends) - min(sent) if ends and sent else float("nan"))
@@ -132,8 +135,11 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
-    if turn.steps:   # how many engine steps a repetition took: fewer, fuller steps serve more tokens/s
-        out["engine_steps"] = turn.steps
+    # per repetition: how many engine steps it took (fewer, fuller steps serve more tokens/s),
+    # the tokens its engine computed (recomputed prompts included) and the preemptions
+    for k, key in (("steps", "engine_steps"), ("tokens", "engine_tokens"), ("preemptions", "preemptions")):
+        if turn.work.get(k):
+            out[key] = turn.work[k]
     if turn.steals:  # CPU time the hypervisor took while this system was measured
         out["vm_steal_s"] = round(sum(turn.steals), 2)
     # each repetition on its own, in the order run (with --turns, one per start): how far
@@ -203,18 +209,13 @@ def engine_counters(url: str, settle_s: float = 0.0) -> dict[str, int]:
         return {}
 
 
-def engine_steps(url: str, settle_s: float = 0.0) -> int | None:
-    """Engine steps so far (`engine_counters`); None when unreadable."""
-    return engine_counters(url, settle_s).get("steps")
-
-
 # what a /metrics says about the engine's work: steps (stock vLLM and `triage instance`: the
-# per-step histogram's count; our service: its step counter), tokens computed (the same
-# histogram's sum: prompt chunks, decodes and recomputed prompts of preempted requests) and
-# preemptions. A counter that is absent is left out, never guessed.
+# per-step histogram's count), tokens computed (the same histogram's sum: prompt chunks, decodes
+# and recomputed prompts of preempted requests) and preemptions; our service exports the three
+# as counters of its own. A counter that is absent is left out, never guessed.
 ENGINE_COUNTERS = {"steps": ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"),
-                   "tokens": ("vllm:iteration_tokens_total_sum",),
-                   "preemptions": ("vllm:num_preemptions_total",)}
+                   "tokens": ("vllm:iteration_tokens_total_sum", "triage_engine_tokens_total"),
+                   "preemptions": ("vllm:num_preemptions_total", "triage_engine_preemptions_total")}
 
 
 def counters_in(metrics_text: str) -> dict[str, int]:

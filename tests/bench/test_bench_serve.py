@@ -148,12 +148,27 @@ def test_engine_steps_are_read_from_either_servers_metrics():
                'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n')
     assert counters_in(vllm + preempt) == {"steps": 141, "tokens": 9101, "preemptions": 4}
     assert counters_in(vllm) == {"steps": 141, "tokens": 9101}
+    assert steps_in("# TYPE other_total counter\nother_total 5.0\n") is None
+
+
+def test_our_service_exports_the_engines_steps_tokens_and_preemptions():
+    """Our service polls its engine's scheduler counters into /metrics as counters an SRE can
+    rate(): each poll adds what grew since the last (the preemptions vLLM made itself
+    included), and an engine that starts again (a restart, a standby taking over) counts from
+    0 without the counters going backwards or missing its first steps. `bench serve` reads
+    the same three from our service as from stock vLLM."""
+    from serving.backends.vllm_backend import VLLMBackend
+    from serving.bench.serve import counters_in
     from serving.metrics import Metrics
 
     m = Metrics()
-    m.engine_steps.inc(164)
-    assert steps_in(m.render().decode()) == 164
-    assert steps_in("# TYPE other_total counter\nother_total 5.0\n") is None
+    b = VLLMBackend(settings=None, classes=None, metrics=m)
+    b.feed_stats({"steps": 10, "tokens": 900, "preemptions": 1, "vllm_preemptions": 0, "last_step_s": 0.1})
+    b.feed_stats({"steps": 25, "tokens": 1500, "preemptions": 2, "vllm_preemptions": 1, "last_step_s": 0.1})
+    assert counters_in(m.render().decode()) == {"steps": 25, "tokens": 1500, "preemptions": 3}
+    b.feed_stats({"steps": 25, "tokens": 1500, "preemptions": 2, "vllm_preemptions": 1})   # idle: nothing added
+    b.feed_stats({"steps": 4, "tokens": 200, "preemptions": 0})   # a new engine, from 0
+    assert counters_in(m.render().decode()) == {"steps": 29, "tokens": 1700, "preemptions": 3}
 
 
 def test_bad_arguments_end_with_a_clear_message():

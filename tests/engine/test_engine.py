@@ -174,7 +174,9 @@ def test_level1_displaces_a_level5_seat_within_two_steps_and_victims_complete(en
         urgent = await stream("seat-urgent", "He collapsed and is not breathing. What do I do?", 1, 8)
         return t_arrive, urgent, await asyncio.gather(*low)
 
+    stats0 = dict(eng.run(e.refresh_stats()))
     t_arrive, urgent, low = eng.run(scenario(), timeout=600)
+    stats1 = dict(eng.run(e.refresh_stats()))
     first = urgent[0].time
     steps = [s for s in eng.run(e.recorded_steps()) if s["step"] not in before]
     between = [s for s in steps if t_arrive < s["t"] <= first]
@@ -183,3 +185,7 @@ def test_level1_displaces_a_level5_seat_within_two_steps_and_victims_complete(en
     for evs in low:
         assert evs[-1].finished and evs[-1].finish_reason == "length", evs[-1]
         assert evs[-1].output_tokens == sum(len(ev.token_ids) for ev in evs) == 64
+    # what /metrics will count (`triage_engine_preemptions_total`, `..._tokens_total`): the
+    # displacement, and every decode (each answer's tokens after its first) besides the prompts
+    assert stats1["preemptions"] - stats0["preemptions"] >= 1
+    assert stats1["tokens"] - stats0["tokens"] > seats * 63 + 7

@@ -301,7 +301,8 @@ def test_metrics_and_health(svc):
     m = c.get("/metrics").text
     for name in ("triage_queue_depth{level=", "triage_ttft_seconds_bucket{le=", "triage_tpot_seconds_bucket{le=",
                  "triage_queue_time_seconds_bucket{le=", "triage_engine_step_seconds_bucket", "triage_shed_total",
-                 "triage_estimator_relative_error_bucket", "triage_classify_seconds_bucket"):
+                 "triage_estimator_relative_error_bucket", "triage_classify_seconds_bucket", "triage_engine_steps_total",
+                 "triage_engine_tokens_total", "triage_engine_preemptions_total"):
         assert name in m or name.split("{")[0] in m, name
     assert 'level="' in m
 

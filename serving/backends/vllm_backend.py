@@ -15,7 +15,7 @@ from triage.classes import PriorityClasses
 log = logging.getLogger(__name__)
 
 ENGINE_PROFILE = "vllm-cpu-smollm2"
-ENGINE_COUNTERS = ("steps", "tokens", "preemptions")   # the scheduler's counters fed to /metrics
+POLLED_COUNTERS = ("steps", "tokens", "preemptions")   # the scheduler's counters fed to /metrics
 
 
 def engine_profile(name: str | None) -> str:
@@ -42,7 +42,7 @@ class VLLMBackend:
         self._own_engine = engine is None
         self.instance = "vllm-0"
         self._poll: asyncio.Task | None = None
-        self._last = dict.fromkeys(ENGINE_COUNTERS, 0)   # the engine's counters at the last poll
+        self._last = dict.fromkeys(POLLED_COUNTERS, 0)   # the engine's counters at the last poll
 
     def _config(self):
         import psutil
@@ -184,8 +184,8 @@ class VLLMBackend:
         now = {"steps": int(st.get("steps") or 0), "tokens": int(st.get("tokens") or 0),
                "preemptions": int(st.get("preemptions") or 0) + int(st.get("vllm_preemptions") or 0)}
         if now["steps"] < self._last["steps"]:
-            self._last = dict.fromkeys(ENGINE_COUNTERS, 0)
-        for key, counter in zip(ENGINE_COUNTERS, (self.metrics.engine_steps, self.metrics.engine_tokens,
+            self._last = dict.fromkeys(POLLED_COUNTERS, 0)
+        for key, counter in zip(POLLED_COUNTERS, (self.metrics.engine_steps, self.metrics.engine_tokens,
                                                   self.metrics.engine_preemptions)):
             if now[key] > self._last[key]:
                 counter.inc(now[key] - self._last[key])

@@ -398,13 +398,14 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     # per instance during the run: engine steps (fewer, fuller steps serve more tokens/s; not a
     # measure of load: `per_instance`), tokens computed (more than the calls' prompts and
     # answers by what preemptions recomputed) and preemptions
+    from serving.bench.serve import REPORT_KEYS
+
     count1 = _counters(instances)
-    out["engine_steps"] = _delta(count0, count1, "steps")
-    out["engine_tokens"] = _delta(count0, count1, "tokens")
-    out["preemptions"] = _delta(count0, count1, "preemptions")
+    for k, key in REPORT_KEYS.items():
+        out[key] = _delta(count0, count1, k)
     for i, inst in enumerate(instances):   # ... also beside each instance's calls
         if inst.url in load:
-            load[inst.url].update({k: out[k][i] for k in ("engine_steps", "engine_tokens", "preemptions")})
+            load[inst.url].update({key: out[key][i] for key in REPORT_KEYS.values()})
     out["per_instance"] = load
     out["vm_steal_s"] = round(steal_seconds() - steal0, 2)   # the hypervisor's share of the run (steal_note)
     if router != BASELINE:
@@ -448,8 +449,10 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
             out[k] = sum(r[k] for r in reps)
     out["lost_examples"] = sorted({e for r in reps for e in r.get("lost_examples", [])})[:3]
     out["cpu_s"] = {k: round(sum(r["cpu_s"].get(k, 0.0) for r in reps), 1) for k in reps[0]["cpu_s"]}
-    for k in ("engine_steps", "engine_tokens", "preemptions"):
-        out[k] = [r.get(k) for r in reps]
+    from serving.bench.serve import REPORT_KEYS
+
+    for key in REPORT_KEYS.values():
+        out[key] = [r.get(key) for r in reps]
     out["vm_steal_s"] = round(sum(r.get("vm_steal_s", 0.0) for r in reps), 2)
     out["turns"] = [{k: r[k] for k in TURN_FIELDS if k in r} | {"esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]}
                     for r in reps]

@@ -137,7 +137,7 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}
     # per repetition: how many engine steps it took (fewer, fuller steps serve more tokens/s),
     # the tokens its engine computed (recomputed prompts included) and the preemptions
-    for k, key in (("steps", "engine_steps"), ("tokens", "engine_tokens"), ("preemptions", "preemptions")):
+    for k, key in REPORT_KEYS.items():
         if turn.work.get(k):
             out[key] = turn.work[k]
     if turn.steals:  # CPU time the hypervisor took while this system was measured
@@ -216,6 +216,9 @@ def engine_counters(url: str, settle_s: float = 0.0) -> dict[str, int]:
 ENGINE_COUNTERS = {"steps": ("vllm:iteration_tokens_total_count", "triage_engine_steps_total"),
                    "tokens": ("vllm:iteration_tokens_total_sum", "triage_engine_tokens_total"),
                    "preemptions": ("vllm:num_preemptions_total", "triage_engine_preemptions_total")}
+# the JSON key each counter's growth is reported under (`bench serve` per repetition,
+# `bench cluster` per instance)
+REPORT_KEYS = {"steps": "engine_steps", "tokens": "engine_tokens", "preemptions": "preemptions"}
 
 
 def counters_in(metrics_text: str) -> dict[str, int]:

@@ -40,6 +40,7 @@ from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
 from serving.bench.report import against, steal_note, summarize
+from serving.bench.serve import REPORT_KEYS, cpu_seconds, engine_counters, steal_seconds
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
                                    port_free, require_free_port, reset_prefix_cache, stop)
 
@@ -285,8 +286,6 @@ def front_pauses(metrics_text: str) -> dict:
 
 
 def _cpu(servers: list[Server]) -> dict[str, dict[str, float]]:
-    from serving.bench.serve import cpu_seconds
-
     return {s.name: cpu_seconds(s.proc.pid) for s in servers}
 
 
@@ -309,8 +308,6 @@ def _cpu_since(servers: list[Server], before: dict) -> dict[str, float]:
 def _counters(servers: list[Server]) -> list[dict[str, int]]:
     """Each instance's engine counters so far (its /metrics: steps, tokens computed,
     preemptions; {} where unreadable, e.g. killed)."""
-    from serving.bench.serve import engine_counters
-
     return [engine_counters(s.url) for s in servers]
 
 
@@ -325,8 +322,6 @@ def _split_rr(calls: list[Call], n: int) -> list[list[Call]]:
 def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, instances: list[Server],
                classes, on_done: Callable[[Result], None] | None = None) -> tuple[dict, list[Result]]:
     """One router's run on already-started instances; returns (report, results)."""
-    from serving.bench.serve import steal_seconds
-
     killed: dict = {}
     timer = None
     t_start = time.time()
@@ -398,8 +393,6 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     # per instance during the run: engine steps (fewer, fuller steps serve more tokens/s; not a
     # measure of load: `per_instance`), tokens computed (more than the calls' prompts and
     # answers by what preemptions recomputed) and preemptions
-    from serving.bench.serve import REPORT_KEYS
-
     count1 = _counters(instances)
     for k, key in REPORT_KEYS.items():
         out[key] = _delta(count0, count1, k)
@@ -449,8 +442,6 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
             out[k] = sum(r[k] for r in reps)
     out["lost_examples"] = sorted({e for r in reps for e in r.get("lost_examples", [])})[:3]
     out["cpu_s"] = {k: round(sum(r["cpu_s"].get(k, 0.0) for r in reps), 1) for k in reps[0]["cpu_s"]}
-    from serving.bench.serve import REPORT_KEYS
-
     for key in REPORT_KEYS.values():
         out[key] = [r.get(key) for r in reps]
     out["vm_steal_s"] = round(sum(r.get("vm_steal_s", 0.0) for r in reps), 2)

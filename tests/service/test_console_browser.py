@@ -155,18 +155,25 @@ def test_operator_sees_the_message_and_relabels_by_keyboard_and_the_row_moves(co
     from selenium.webdriver.common.keys import Keys
 
     _sign_in(driver, console, "operator", "queue")
-    rows = _wait(lambda: (lambda r: r if len(r) == 3 else None)(_css(driver, '#waiting tbody[data-level="4"] tr[data-id]')),
-                 what="three level-4 rows")
-    texts = [r.find_element(By.CSS_SELECTOR, 'td[data-col="text"]').text for r in rows]
-    assert sorted(texts) == sorted(WAITING)
-    running = _css(driver, "#running tr[data-id]")
-    assert len(running) == 1 and "Zanzibarquokka" in running[0].text
+    # the queue redraws on every event of its stream (the blocker's token count moves), so an
+    # element found may be replaced before it is read: each read finds and reads in one try
+    # (`_wait` tries again on a stale element) and keeps plain values, never the elements
+
+    def level4_rows():
+        rows = _css(driver, '#waiting tbody[data-level="4"] tr[data-id]')
+        return [(r.get_attribute("data-id"), r.find_element(By.CSS_SELECTOR, 'td[data-col="text"]').text)
+                for r in rows] if len(rows) == 3 else None
+
+    rows = _wait(level4_rows, what="three level-4 rows")
+    assert sorted(text for _, text in rows) == sorted(WAITING)
+    running = _wait(lambda: [r.text for r in _css(driver, "#running tr[data-id]")], what="the running call")
+    assert len(running) == 1 and "Zanzibarquokka" in running[0]
     # the columns a dispatcher judges by: age, predicted vs effective, P(1..5), length, slack, instance, tokens
-    head = [th.text for th in _css(driver, "#waiting thead th")]
+    head = _wait(lambda: [th.text for th in _css(driver, "#waiting thead th")], what="the queue's columns")
     for col in ("Age", "Predicted → effective", "P(level 1–5)", "Predicted length", "Slack to next deadline", "Instance",
                 "Tokens so far", "Message"):
         assert col in head, head
-    target = rows[-1].get_attribute("data-id")
+    target = rows[-1][0]
     key = f"relabel:{target}"
     for _ in range(80):   # keyboard only: Tab to the row's Relabel button
         ActionChains(driver).send_keys(Keys.TAB).perform()
@@ -201,7 +208,7 @@ def test_an_auditor_sees_no_message_text_anywhere(console, driver):
     _sign_in(driver, console, "auditor", "queue")
     _wait(lambda: len(_css(driver, "#waiting tr[data-id]")) == 3, what="the auditor's queue")
     assert not _css(driver, 'td[data-col="text"]')
-    assert "Relabel" not in driver.find_element("id", "waiting").text    # read-only
+    assert "Relabel" not in _wait(lambda: driver.find_element("id", "waiting").text, what="the queue")   # read-only
     pages = [a.get_attribute("href") for a in _css(driver, "#nav a")]
     assert [p.rsplit("/", 1)[1] for p in pages] == ["queue", "classes", "history", "latency", "audit", "models"]
     seen = []
@@ -241,8 +248,8 @@ def test_a_class_edit_shows_in_the_history_takes_effect_and_rolls_back(console, 
     before = _triage_level(console, mundane)
     assert before["level"] > 2
     _sign_in(driver, console, "operator", "classes")
-    _wait(lambda: _css(driver, "#version-rows tbody tr"), what="the version history")
-    v0 = int(_css(driver, "#version-rows tbody tr")[0].get_attribute("data-version"))
+    v0 = int(_wait(lambda: _css(driver, "#version-rows tbody tr")[0].get_attribute("data-version"),
+                   what="the version history"))
     old_ttft = float(driver.find_element(By.ID, "ttft-3").get_attribute("value"))
     # validation: a negative SLO is refused on the page, nothing is sent
     f = driver.find_element(By.ID, "ttft-3")
@@ -266,9 +273,9 @@ def test_a_class_edit_shows_in_the_history_takes_effect_and_rolls_back(console, 
     assert any(c[0].startswith("Escalation threshold") for c in cells)
     driver.find_element(By.ID, "save-classes").click()
     _wait(lambda: f"(version {v0 + 1})" in driver.find_element(By.ID, "cur-version").text, what="the new version")
-    top = _wait(lambda: next((tr for tr in _css(driver, "#version-rows tbody tr")[:1]
+    top = _wait(lambda: next((tr.text for tr in _css(driver, "#version-rows tbody tr")[:1]
                               if tr.get_attribute("data-version") == str(v0 + 1)), None), what="the new version's row")
-    assert "operator:" in top.text and "night shift" in top.text and "in force" in top.text
+    assert "operator:" in top and "night shift" in top and "in force" in top
     # it takes effect on the next request: the new SLO and the new threshold
     _post_async(console, "Quillfeather follow-up about the parking permit", priority=3)
     row = _wait(lambda: next((r for r in _queue(console, "operator")["waiting"] if r["level"] == 3), None),
@@ -282,22 +289,23 @@ def test_a_class_edit_shows_in_the_history_takes_effect_and_rolls_back(console, 
     q.send_keys("night shift")
     driver.find_element(By.ID, "h-search").click()
     _wait(lambda: "1 entry" in driver.find_element(By.ID, "h-count").text, what="one match")
-    entry = _css(driver, "#history-rows tbody tr")[0]
-    assert entry.get_attribute("data-kind") == "classes"
-    assert f"version {v0} → version {v0 + 1}" in entry.text and "L3 ttft" in entry.text and "event #" in entry.text
+    kind, text = _wait(lambda: (lambda tr: (tr.get_attribute("data-kind"), tr.text))(_css(driver, "#history-rows tbody tr")[0]),
+                       what="the entry")
+    assert kind == "classes"
+    assert f"version {v0} → version {v0 + 1}" in text and "L3 ttft" in text and "event #" in text
     # and the relabel from the queue test, with who, from -> to, why and its audit event
     q = driver.find_element(By.ID, "h-q")
     q.clear()
     q.send_keys("chest pain")
     driver.find_element(By.ID, "h-search").click()
     _wait(lambda: "1 entry" in driver.find_element(By.ID, "h-count").text, what="the relabel")
-    rel = _css(driver, "#history-rows tbody tr")[0]
-    assert rel.get_attribute("data-request") == console.relabelled
-    assert "level 4 → level 2" in rel.text and "operator:" in rel.text and "event #" in rel.text
+    rid, text = _wait(lambda: (lambda tr: (tr.get_attribute("data-request"), tr.text))(_css(driver, "#history-rows tbody tr")[0]),
+                      what="the relabel's entry")
+    assert rid == getattr(console, "relabelled", "(no relabel: the queue test above failed or did not run)")
+    assert "level 4 → level 2" in text and "operator:" in text and "event #" in text
     # roll back to the version before, from its row
     driver.get(console.url + "/ui/classes")
-    btn = _wait(lambda: _css(driver, f'button.rollback[data-version="{v0}"]'), what="the roll-back button")[0]
-    btn.click()
+    _wait(lambda: _css(driver, f'button.rollback[data-version="{v0}"]')[0].click() or True, what="the roll-back button")
     driver.find_element(By.ID, "rb-reason").send_keys("day shift again")
     driver.find_element(By.ID, "rb-submit").click()
     _wait(lambda: f"(version {v0 + 2})" in driver.find_element(By.ID, "cur-version").text, what="the rolled-back version")

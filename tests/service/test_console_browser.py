@@ -114,6 +114,15 @@ def _css(driver, sel):
     return driver.find_elements(By.CSS_SELECTOR, sel)
 
 
+def _first_history_entry(driver, attr: str) -> tuple[str | None, str]:
+    """(`attr`, text) of the history page's first entry, found and read in one try."""
+    def read():
+        tr = _css(driver, "#history-rows tbody tr")[0]
+        return tr.get_attribute(attr), tr.text
+
+    return _wait(read, what="the first history entry")
+
+
 # --- login and roles -----------------------------------------------------------------------
 def test_a_client_key_gets_403(console, driver):
     from selenium.webdriver.common.by import By
@@ -289,8 +298,7 @@ def test_a_class_edit_shows_in_the_history_takes_effect_and_rolls_back(console, 
     q.send_keys("night shift")
     driver.find_element(By.ID, "h-search").click()
     _wait(lambda: "1 entry" in driver.find_element(By.ID, "h-count").text, what="one match")
-    kind, text = _wait(lambda: (lambda tr: (tr.get_attribute("data-kind"), tr.text))(_css(driver, "#history-rows tbody tr")[0]),
-                       what="the entry")
+    kind, text = _first_history_entry(driver, "data-kind")
     assert kind == "classes"
     assert f"version {v0} → version {v0 + 1}" in text and "L3 ttft" in text and "event #" in text
     # and the relabel from the queue test, with who, from -> to, why and its audit event
@@ -299,8 +307,7 @@ def test_a_class_edit_shows_in_the_history_takes_effect_and_rolls_back(console, 
     q.send_keys("chest pain")
     driver.find_element(By.ID, "h-search").click()
     _wait(lambda: "1 entry" in driver.find_element(By.ID, "h-count").text, what="the relabel")
-    rid, text = _wait(lambda: (lambda tr: (tr.get_attribute("data-request"), tr.text))(_css(driver, "#history-rows tbody tr")[0]),
-                      what="the relabel's entry")
+    rid, text = _first_history_entry(driver, "data-request")
     assert rid == getattr(console, "relabelled", "(no relabel: the queue test above failed or did not run)")
     assert "level 4 → level 2" in text and "operator:" in text and "event #" in text
     # roll back to the version before, from its row

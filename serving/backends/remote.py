@@ -40,6 +40,13 @@ fails with `InstancesUnavailable` naming every instance and why.
 Moves (`remote_steal`, not a fault): a call that has waited on one instance without starting
 while another has a free seat and nothing queued is taken off the first (its stream closed)
 and sent to the second, once (`rebalance_once`; triage.routing.rebalance decides).
+
+The streams and polls go through aiohttp, not httpx: in a burst the front end holds a stream
+per call in flight (196 at once in `bench cluster`'s), and httpx's connection pool and
+pure-Python HTTP parsing cost more CPU a call the more streams are open (encode/httpx#3215). With
+two stand-in instances the front end's CPU went from 13.7-13.9 to 11.6-12.8 CPU-ms a call
+(docs/measurements/cluster.md, 2026-12-05): CPU taken from the engines wherever they share the
+front end's cores.
 """
 from __future__ import annotations
 
@@ -51,10 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
-import httpx
+import aiohttp
 
 from serving.backends.base import BackendRefused, GenRequest, TokenEvent
-from serving.backends.remote_instances import REFUSED, UP, Dispatch, RemoteInstance, Timing
+from serving.backends.remote_instances import CLIENT_ERRORS, REFUSED, UP, Dispatch, RemoteInstance, Timing
 from serving.instance.fields import wire_xargs
 from triage.classes import PriorityClasses
 from triage.request import Request
@@ -95,6 +102,26 @@ class InstancesFull(RuntimeError):
     """Every instance in rotation refused with 503 (queue full): the request was shed."""
 
     client_message = True   # the API shows the message (no prompt text in it)
+
+
+# a relayed stream: no overall or read timeout (an answer streams for as long as it takes), 2 s to connect
+STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
+
+
+async def sse_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The lines of a streamed response, of any length (aiohttp's own line reader refuses a
+    line longer than its buffer; a first chunk carries the prompt's token ids)."""
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        if b"\n" not in chunk:
+            continue
+        *lines, rest = bytes(buf).split(b"\n")
+        buf = bytearray(rest)
+        for line in lines:
+            yield line.rstrip(b"\r").decode()
+    if buf:
+        yield bytes(buf).rstrip(b"\r").decode()
 
 
 class _Retry(Exception):
@@ -182,8 +209,8 @@ class RemoteBackend:
         self._aborted: set[str] = set()
         self._moving: dict[str, int] = {}   # id -> the instance it is being moved to (rebalance)
         self._moved: set[str] = set()       # ids moved once (they stay where they went)
-        self._responses: dict[str, httpx.Response] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._responses: dict[str, aiohttp.ClientResponse] = {}
+        self._client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._tokenizer = None
         self._defaults: dict = {}
@@ -241,9 +268,9 @@ class RemoteBackend:
         self.model_dir = d
         self._tokenizer = await asyncio.to_thread(_load_tokenizer, d)
         self._defaults = generation_defaults(d)
-        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), limits=limits)
-        poll = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))   # health/load never queue behind streams
+        self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
+                                             timeout=STREAM_TIMEOUT)
+        poll = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))   # health/load never queue behind streams
         self._poll_client = poll
         model = self.settings.served_model_name
         await asyncio.gather(*(i.check_config(poll, model, self.settings.remote_require_triage)
@@ -271,9 +298,10 @@ class RemoteBackend:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        for c in (self._client, getattr(self, "_poll_client", None)):
-            if c is not None:
-                await c.aclose()
+        if self._client is not None:
+            await self._client.close()
+        if getattr(self, "_poll_client", None) is not None:
+            await self._poll_client.close()
 
     def set_on_up(self, fn) -> None:
         """`fn()` runs whenever an instance rejoins the rotation (the front end looks at
@@ -440,22 +468,22 @@ class RemoteBackend:
         n_out = 0            # this attempt's tokens
         base = prog.n_out    # sent by earlier attempts
         try:
-            async with self._client.stream("POST", inst.url + "/v1/completions", json=self._body(req, prog),
-                                           headers=self._headers(req)) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread())[:500].decode(errors="replace")
-                    if resp.status_code == 503:
+            async with self._client.post(inst.url + "/v1/completions", json=self._body(req, prog),
+                                         headers=self._headers(req)) as resp:
+                if resp.status != 200:
+                    text = (await resp.read())[:500].decode(errors="replace")
+                    if resp.status == 503:
                         raise _Retry(f"HTTP 503 (queue full): {text[:120]}", full=True)
-                    if resp.status_code in (400, 422):
+                    if resp.status in (400, 422):
                         try:
                             err = json.loads(text).get("error", {})
                             msg = err.get("message", text) if isinstance(err, dict) else str(err)
                         except ValueError:
                             msg = text
                         raise InstanceRejected(f"the engine refused the request: {msg}")
-                    raise _Retry(f"HTTP {resp.status_code} from {inst.url}: {text[:120]}")
+                    raise _Retry(f"HTTP {resp.status} from {inst.url}: {text[:120]}")
                 self._responses[req.request_id] = resp
-                async for line in resp.aiter_lines():
+                async for line in sse_lines(resp):
                     if not line.startswith("data: "):
                         continue
                     data = line[6:]
@@ -496,7 +524,7 @@ class RemoteBackend:
             self._was_moved(req.request_id, inst, n_out, prog)
             raise (_Retry("the stream ended without a finish reason") if n_out == 0 else InstanceLost(
                 f"engine instance {inst.url} ended the stream after {prog.n_out} tokens without finishing"))
-        except (httpx.TransportError, httpx.StreamError) as e:
+        except CLIENT_ERRORS as e:
             if req.request_id in self._aborted:
                 yield TokenEvent(req.request_id, "", [], time.time(), True, "abort", prog.prompt_tokens, prog.n_out)
                 return
@@ -545,7 +573,7 @@ class RemoteBackend:
             self._moving[rid] = dst
             log.info("request %s moves from %s to a free seat on %s", rid, self.instances[src].url,
                      self.instances[dst].url)
-            await resp.aclose()
+            resp.close()
             n += 1
         return n
 
@@ -553,7 +581,7 @@ class RemoteBackend:
         self._aborted.add(request_id)
         resp = self._responses.get(request_id)
         if resp is not None:
-            await resp.aclose()   # closing the stream makes vLLM abort the request
+            resp.close()   # closing the stream makes vLLM abort the request
 
     async def relabel(self, request_id: str, level: int) -> None:
         inst = self._where.get(request_id)
@@ -563,9 +591,10 @@ class RemoteBackend:
         if inst is None or self._client is None or not inst.has_triage:
             return
         try:
-            await self._client.post(inst.url + "/triage/relabel", json={"id": request_id, "level": int(level)},
-                                    timeout=2.0)
-        except httpx.HTTPError as e:
+            async with self._client.post(inst.url + "/triage/relabel", json={"id": request_id, "level": int(level)},
+                                         timeout=aiohttp.ClientTimeout(total=2.0)):
+                pass
+        except CLIENT_ERRORS as e:
             log.warning("relabel of %s on %s failed: %s", request_id, inst.url, e)
 
     async def reset_prefix_cache(self) -> bool:
@@ -578,12 +607,12 @@ class RemoteBackend:
             if not i.available:
                 continue
             try:
-                r = await self._client.post(i.url + "/reset_prefix_cache", timeout=30.0)
-                if r.status_code == 404:
-                    raise BackendRefused(f"instance {i.url} serves no /reset_prefix_cache "
-                                              "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
-                done = done and r.status_code == 200 and bool(r.json().get("success", True))
-            except (httpx.HTTPError, ValueError) as e:   # unreachable or not JSON: not emptied
+                async with self._client.post(i.url + "/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=30.0)) as r:
+                    if r.status == 404:
+                        raise BackendRefused(f"instance {i.url} serves no /reset_prefix_cache "
+                                             "(vLLM's dev endpoint: start it with VLLM_SERVER_DEV_MODE=1)")
+                    done = done and r.status == 200 and bool((await r.json(content_type=None)).get("success", True))
+            except (*CLIENT_ERRORS, ValueError) as e:   # unreachable or not JSON: not emptied
                 log.warning("prefix cache reset on %s failed: %s", i.url, e)
                 done = False
         return done
@@ -595,8 +624,10 @@ class RemoteBackend:
         for i in self.instances:
             if i.available and i.has_triage:
                 try:
-                    await self._client.post(i.url + "/triage/classes", json=classes.to_dict(), timeout=2.0)
-                except httpx.HTTPError as e:
+                    async with self._client.post(i.url + "/triage/classes", json=classes.to_dict(),
+                                                 timeout=aiohttp.ClientTimeout(total=2.0)):
+                        pass
+                except CLIENT_ERRORS as e:
                     log.warning("class edit on %s failed: %s", i.url, e)
 
     def step_stats(self) -> dict:

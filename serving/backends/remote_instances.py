@@ -43,6 +43,7 @@ included, for up to 17 s. It rejoins after two good answers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -50,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import httpx
+import aiohttp
 import numpy as np
 
 from triage.estimators import LatencyEstimator
@@ -60,6 +61,15 @@ log = logging.getLogger(__name__)
 
 UP, DOWN, REFUSED = "up", "down", "refused"
 TRIAGE_SCHEDULER = "TriageScheduler"
+CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)   # unreachable, refused, broken, timed out
+
+
+async def get(client: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, str, str]:
+    """GET `url`: (status, content type, body text); a `CLIENT_ERRORS` where none came."""
+    async with client.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        return r.status, r.content_type, await r.text()
+
+
 _METRIC = re.compile(r'^(vllm:[a-z_]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$')
 
 
@@ -319,14 +329,15 @@ class RemoteInstance:
         return a[:, 0], a[:, 1], a[:, 2]
 
     # --- polling -----------------------------------------------------------------------------
-    async def check_config(self, client: httpx.AsyncClient, model: str, require_triage: bool) -> None:
+    async def check_config(self, client: aiohttp.ClientSession, model: str, require_triage: bool) -> None:
         """Start-up (and rejoin) check: reachable, serves `model`, runs our scheduler."""
         t = self.timing
         try:
-            r = await client.get(self.url + "/v1/models", timeout=max(3.0, t.timeout_s))
-            r.raise_for_status()
-            data = r.json().get("data") or []
-        except (httpx.HTTPError, ValueError) as e:
+            status, _, body = await get(client, self.url + "/v1/models", max(3.0, t.timeout_s))
+            if status != 200:
+                raise ValueError(f"/v1/models answered {status}")
+            data = json.loads(body).get("data") or []
+        except (*CLIENT_ERRORS, ValueError) as e:
             self.mark_down(f"unreachable: {type(e).__name__}: {e}".strip())
             return
         self.models = [str(m.get("id")) for m in data]
@@ -336,17 +347,17 @@ class RemoteInstance:
             self.refuse(f"serves {self.models}, not {model!r}")
             return
         try:
-            r = await client.get(self.url + "/triage/load", timeout=max(3.0, t.timeout_s))
-            body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        except (httpx.HTTPError, ValueError) as e:
+            status, ctype, text = await get(client, self.url + "/triage/load", max(3.0, t.timeout_s))
+            body = json.loads(text) if ctype == "application/json" else {}
+        except (*CLIENT_ERRORS, ValueError) as e:
             self.mark_down(f"/triage/load failed: {type(e).__name__}")
             return
-        self.has_triage = r.status_code == 200 and body.get("scheduler") == TRIAGE_SCHEDULER
+        self.has_triage = status == 200 and body.get("scheduler") == TRIAGE_SCHEDULER
         if self.has_triage:
             self.take_snapshot(body, time.time())
         elif require_triage:
             self.refuse("runs without our scheduler class (serving.vllm_scheduler.TriageScheduler): start it with "
-                        f"`triage instance` (GET /triage/load answered {r.status_code})")
+                        f"`triage instance` (GET /triage/load answered {status})")
             return
         else:
             log.warning("instance %s runs without our scheduler class: vLLM's own priority scheduling, load "
@@ -356,14 +367,14 @@ class RemoteInstance:
         self._good_in_a_row = 2
         self._enter_rotation()
 
-    async def _health_once(self, client: httpx.AsyncClient) -> None:
-        r = await client.get(self.url + "/health", timeout=self.timing.timeout_s)
-        if r.status_code == 200:
+    async def _health_once(self, client: aiohttp.ClientSession) -> None:
+        status, _, _ = await get(client, self.url + "/health", self.timing.timeout_s)
+        if status == 200:
             self.health_ok()
         else:
-            self.mark_down(f"/health answered {r.status_code}")
+            self.mark_down(f"/health answered {status}")
 
-    async def health_loop(self, client: httpx.AsyncClient, model: str, require_triage: bool) -> None:
+    async def health_loop(self, client: aiohttp.ClientSession, model: str, require_triage: bool) -> None:
         t = self.timing
         while True:
             if self.state != REFUSED:
@@ -374,21 +385,23 @@ class RemoteInstance:
                 else:
                     try:
                         await self._health_once(client)
-                    except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
+                    except asyncio.TimeoutError as e:
+                        # slow, not gone: a saturated host (or this front end's own busy event
+                        # loop) answers late; out of rotation when no answer came for down_after_s
+                        log.debug("/health of %s: %s", self.url, type(e).__name__)
+                    except aiohttp.ClientConnectionError as e:
                         # refused (nothing listens) or broken: one immediate retry tells a dead
                         # instance from a keep-alive connection its server had just closed
                         try:
                             await self._health_once(client)
-                        except httpx.HTTPError:
+                        except CLIENT_ERRORS:
                             self.mark_down(f"/health: {type(e).__name__}")
-                    except httpx.HTTPError as e:
-                        # slow, not gone: a saturated host (or this front end's own busy event
-                        # loop) answers late; out of rotation when no answer came for down_after_s
+                    except aiohttp.ClientError as e:
                         log.debug("/health of %s: %s", self.url, type(e).__name__)
                     self.check_stale_health(time.time())
             await asyncio.sleep(t.health_s if self.checked else max(t.health_s, 1.0))
 
-    async def load_loop(self, client: httpx.AsyncClient) -> None:
+    async def load_loop(self, client: aiohttp.ClientSession) -> None:
         t = self.timing
         self._dispatched = asyncio.Event()
         while True:
@@ -397,17 +410,17 @@ class RemoteInstance:
             if self.state == UP:
                 try:
                     if self.has_triage:
-                        r = await client.get(self.url + "/triage/load", timeout=t.max_stale_s)
-                        if r.status_code == 200:
+                        status, _, text = await get(client, self.url + "/triage/load", t.max_stale_s)
+                        if status == 200:
                             now = time.time()
-                            self.take_snapshot(r.json(), now)
+                            self.take_snapshot(json.loads(text), now)
                             self.heard_from(now)
                     else:
-                        r = await client.get(self.url + "/metrics", timeout=t.max_stale_s)
-                        if r.status_code == 200:
-                            self.metrics, self.metrics_at = parse_metrics(r.text), time.time()
+                        status, _, text = await get(client, self.url + "/metrics", t.max_stale_s)
+                        if status == 200:
+                            self.metrics, self.metrics_at = parse_metrics(text), time.time()
                             self.heard_from(self.metrics_at)
-                except (httpx.HTTPError, ValueError) as e:
+                except (*CLIENT_ERRORS, ValueError) as e:
                     log.debug("load poll of %s failed: %s", self.url, e)
             routing = time.time() - self.last_sent <= t.busy_s
             period = t.poll_s if routing else max(t.poll_s, t.idle_poll_s)

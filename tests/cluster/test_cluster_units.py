@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 
-import httpx
+import aiohttp
 import numpy as np
 import pytest
 
@@ -128,7 +128,7 @@ def test_a_slow_health_answer_is_not_a_dead_instance():
         inst.checked, inst.state, inst.last_health = True, UP, time.time()
         rejoined = []
         inst.on_up = lambda: rejoined.append(time.time())
-        async with httpx.AsyncClient() as client:
+        async with aiohttp.ClientSession() as client:
             task = asyncio.create_task(inst.health_loop(client, "m", False))
             delay[0] = 0.3                          # one late answer (0.3 s > 0.2 s timeout)
             await asyncio.sleep(0.25)
@@ -144,7 +144,7 @@ def test_a_slow_health_answer_is_not_a_dead_instance():
             server.close()
             await server.wait_closed()              # nothing listens now: out at once
             await asyncio.sleep(0.3)
-            assert inst.state == DOWN and "ConnectError" in inst.reason
+            assert inst.state == DOWN and "ClientConnectorError" in inst.reason
             task.cancel()
 
     asyncio.run(run())
@@ -180,7 +180,7 @@ def test_load_is_polled_fast_only_while_the_front_end_routes():
         timing = Timing(poll_s=0.05, idle_poll_s=0.6, busy_s=0.3)
         inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
         inst.checked, inst.state, inst.has_triage = True, UP, True
-        async with httpx.AsyncClient() as client:
+        async with aiohttp.ClientSession() as client:
             task = asyncio.create_task(inst.load_loop(client))
             await asyncio.sleep(1.5)                 # quiet: about one poll per 0.6 s
             quiet = len(hits)
@@ -218,7 +218,7 @@ def test_load_polls_stand_in_for_health_checks_and_a_dead_instance_still_leaves(
         timing = Timing(poll_s=0.05, idle_poll_s=0.05, health_s=0.2, down_after_s=1.0, timeout_s=0.5)
         inst = RemoteInstance(0, f"http://127.0.0.1:{port}", load_profile(PROFILE).estimator(), timing)
         inst.checked, inst.state, inst.has_triage, inst.last_health = True, UP, True, time.time()
-        async with httpx.AsyncClient() as client:
+        async with aiohttp.ClientSession() as client:
             tasks = [asyncio.create_task(inst.load_loop(client)),
                      asyncio.create_task(inst.health_loop(client, "m", False))]
             await asyncio.sleep(1.2)
@@ -230,7 +230,7 @@ def test_load_polls_stand_in_for_health_checks_and_a_dead_instance_still_leaves(
             server.close()
             await server.wait_closed()               # nothing listens: out at once
             await asyncio.sleep(0.4)
-            assert inst.state == DOWN and "ConnectError" in inst.reason
+            assert inst.state == DOWN and "ClientConnectorError" in inst.reason
             for t in tasks:
                 t.cancel()
 
@@ -339,7 +339,7 @@ def test_a_call_waiting_for_a_seat_moves_to_an_instance_with_a_free_one():
         s1 = await _completions_server(seen1, closed1, 3)
         urls = ",".join(f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in (s0, s1))
         b = RemoteBackend(Settings(backend="remote", instances=urls, db_url="sqlite:////tmp/unused.db"), load_classes())
-        b._client = httpx.AsyncClient()
+        b._client = aiohttp.ClientSession()
         i0, i1 = b.instances
         for i in b.instances:
             i.checked, i.has_triage = True, True
@@ -372,7 +372,7 @@ def test_a_call_waiting_for_a_seat_moves_to_an_instance_with_a_free_one():
         assert b.dispatch.moved == 1 and i0.state == UP and i0.counters["errors"] == 0
         assert b.instance_for("call-1") == i1.url
         assert await b.rebalance_once() == 0 and not b._moving and "call-1" not in b._moved
-        await b._client.aclose()
+        await b._client.close()
         s0.close()
         s1.close()
 

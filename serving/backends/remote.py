@@ -44,7 +44,7 @@ and sent to the second, once (`rebalance_once`; triage.routing.rebalance decides
 The streams and polls go through aiohttp, not httpx: in a burst the front end holds a stream
 per call in flight (196 at once in `bench cluster`'s), and httpx's connection pool and
 pure-Python HTTP parsing cost more CPU a call the more streams are open (encode/httpx#3215). With
-two stand-in instances the front end's CPU went from 13.7-13.9 to 11.6-12.8 CPU-ms a call
+two stand-in instances the front end's CPU went from 13.7-13.9 to 11.6-13.4 CPU-ms a call
 (docs/measurements/cluster.md, 2026-12-05): CPU taken from the engines wherever they share the
 front end's cores.
 """

@@ -65,8 +65,11 @@ CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)   # unreachable, ref
 
 
 async def get(client: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, str, str]:
-    """GET `url`: (status, content type, body text); a `CLIENT_ERRORS` where none came."""
-    async with client.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+    """GET `url`: (status, content type, body text); a `CLIENT_ERRORS` where none came. The
+    timeout bounds the connect and each read, not the whole answer: a saturated host that
+    answers slowly but steadily is slow, not gone."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+    async with client.get(url, timeout=timeout) as r:
         return r.status, r.content_type, await r.text()
 
 

@@ -230,6 +230,29 @@ def audit_rows(db: Path) -> dict:
     return {"rows": sum(outcomes.values()), "outcomes": outcomes, "per_instance": inst, "front_ms": front}
 
 
+def slowest_esi1(db: Path, res: list[Result], n: int = 3) -> list[dict]:
+    """The `n` gold ESI-1 calls that waited longest for their first token, each with what its
+    audit row says of where the wait was: the level it was served at, the instance that
+    served it (the last one tried), its time in the front end before dispatch and from
+    dispatch to first token, its preemptions. One slow ESI-1 call in a burst is a p99; this
+    makes it readable after the run (the benchmark keeps no per-call results)."""
+    late = sorted((r for r in res if r.call.gold == 1 and r.ttft is not None and r.request_id),
+                  key=lambda r: r.ttft, reverse=True)[:n]
+    if not late or not db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(str(db))) as c:
+        rows = {row[0]: row[1:] for row in c.execute(
+            "SELECT id, effective_level, instance, arrival, dispatched, first_token, preemptions FROM requests "
+            f"WHERE id IN ({','.join('?' * len(late))})", [r.request_id for r in late])}
+    out = []
+    for r in late:
+        level, inst, arrival, dispatched, first, preempted = rows.get(r.request_id, (None,) * 6)
+        ms = lambda a, b: round(1000 * (b - a), 1) if a is not None and b is not None else None  # noqa: E731
+        out.append({"request_id": r.request_id, "ttft_ms": round(1000 * r.ttft, 1), "level": level, "instance": inst,
+                    "front_ms": ms(arrival, dispatched), "engine_ms": ms(dispatched, first), "preemptions": preempted})
+    return out
+
+
 def clear_error(r: Result) -> bool:
     """An error the client was told about: an SSE error event, or an HTTP status with a
     JSON error body. A dropped connection or a stream without [DONE] is not."""
@@ -374,6 +397,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
                 timer.cancel()
             stop(front)
         audit = audit_rows(front.extra["dir"] / "audit.db")
+        audit["esi1_slowest"] = slowest_esi1(front.extra["dir"] / "audit.db", res)
         load = audit.pop("per_instance")   # calls, output tokens and last finish per instance
     if timer is not None:
         timer.cancel()

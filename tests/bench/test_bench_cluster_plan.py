@@ -200,3 +200,38 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
                                       "goodput_rps": 1.0, "per_level": {}, "per_instance": got["per_instance"]})
     assert "last done 40.79 s; 179 steps, 9120 tokens computed, 3 preempted" in line
     assert "  http://i1: 1 calls, 10 output tokens, last done 40.57 s; 148 steps" in line.splitlines()
+
+
+def test_the_slowest_esi1_calls_say_where_they_waited(tmp_path):
+    """A run's ESI-1 p99 is one or two calls: the report names them, slowest first, with
+    the instance that served each, its time in the front end before dispatch and on the
+    instance until its first token (from the audit row), so an outlier can be read after the
+    run. Calls of other gold levels and calls with no first token are not listed."""
+    from sqlalchemy.orm import Session
+
+    from serving.bench.loadgen import Call, Result
+    from serving.db.models import RequestRow
+    from serving.db.session import make_engine, upgrade
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    upgrade(url)
+    t0 = 1_800_000_000.0
+    with Session(make_engine(url)) as s:
+        for rid, inst, wait, first in [("fast", "http://i0", 0.02, 0.4), ("stuck", "http://i1", 0.05, 14.7),
+                                       ("chat", "http://i0", 0.03, 20.0)]:
+            s.add(RequestRow(id=rid, endpoint="chat", effective_level=1, ttft_slo=1.0, tpot_slo=0.1, classes_version=1,
+                             arrival=t0, dispatched=t0 + wait, first_token=t0 + first, instance=inst, outcome="ok",
+                             preemptions=0))
+        s.commit()
+
+    def result(rid, gold, ttft):
+        r = Result(Call(0, "x", gold, "dispatch", 0.0, 64), sent=100.0, request_id=rid)
+        r.first = None if ttft is None else 100.0 + ttft
+        return r
+
+    res = [result("fast", 1, 0.42), result("stuck", 1, 14.75), result("chat", 5, 20.0), result("lost", 1, None)]
+    got = cluster.slowest_esi1(tmp_path / "audit.db", res)
+    assert [g["request_id"] for g in got] == ["stuck", "fast"]
+    assert got[0] == {"request_id": "stuck", "ttft_ms": 14750.0, "level": 1, "instance": "http://i1", "front_ms": 50.0,
+                      "engine_ms": 14650.0, "preemptions": 0}
+    assert cluster.slowest_esi1(tmp_path / "missing.db", res) == []

@@ -416,8 +416,11 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
         return {"ok": False, "error": "no EngineCore process under the server (is the backend vllm?)"}
     before = (await _get(live, "/metrics")).text
     ok_before = metric(before, "triage_engine_restarts_total", '{result="ok"}')
-    calls = [Call(f"ek-run-{i}") for i in range(running)]
-    late = [Call(f"ek-late-{i}") for i in range(during)]
+    # ids of this kill's own: a second kill on the same server (the reliability test kills twice)
+    # must neither count the first one's audit rows nor stop waiting for its own because those exist
+    tag = f"ek{os.urandom(3).hex()}-"
+    calls = [Call(f"{tag}run-{i}") for i in range(running)]
+    late = [Call(f"{tag}late-{i}") for i in range(during)]
     health: list[tuple[float, int, int]] = []
     async with live.http(n=running + during) as c:
         tasks = [asyncio.create_task(stream(c, body(TEXTS[i % len(TEXTS)] + f" ({i})", x.crid, max_tokens), x))
@@ -456,7 +459,7 @@ async def engine_kill(live: Live, running: int = 12, during: int = 6, max_tokens
     took_over = metric(after, "triage_engine_standby_takeovers_total") - \
         metric(before, "triage_engine_standby_takeovers_total")
     requeued = metric(after, "triage_requeued_total") - metric(before, "triage_requeued_total")
-    rows = await wait_audit(live, "ek-", running + during, 60.0)
+    rows = await wait_audit(live, tag, running + during, 60.0)
     # mid-stream at the kill: a token had reached the client, or the server had sent one that
     # was still on its way (the client's snapshot lags the engine; the error says so)
     mid = [x for x in calls if at_kill[x.crid] > 0 or _cut_while_generating(x)]

@@ -210,7 +210,8 @@ class RemoteBackend:
         self._moving: dict[str, int] = {}   # id -> the instance it is being moved to (rebalance)
         self._moved: set[str] = set()       # ids moved once (they stay where they went)
         self._responses: dict[str, aiohttp.ClientResponse] = {}
-        self._client: aiohttp.ClientSession | None = None
+        self._client: aiohttp.ClientSession | None = None        # the relayed streams and one-off posts
+        self._poll_client: aiohttp.ClientSession | None = None   # health and load polls
         self._tasks: list[asyncio.Task] = []
         self._tokenizer = None
         self._defaults: dict = {}
@@ -270,8 +271,8 @@ class RemoteBackend:
         self._defaults = generation_defaults(d)
         self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
                                              timeout=STREAM_TIMEOUT)
-        poll = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))   # health/load never queue behind streams
-        self._poll_client = poll
+        # a session of its own: health and load polls never queue behind streams
+        self._poll_client = poll = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         model = self.settings.served_model_name
         await asyncio.gather(*(i.check_config(poll, model, self.settings.remote_require_triage)
                                for i in self.instances))
@@ -298,10 +299,9 @@ class RemoteBackend:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        if self._client is not None:
-            await self._client.close()
-        if getattr(self, "_poll_client", None) is not None:
-            await self._poll_client.close()
+        for session in (self._client, self._poll_client):
+            if session is not None:
+                await session.close()
 
     def set_on_up(self, fn) -> None:
         """`fn()` runs whenever an instance rejoins the rotation (the front end looks at

@@ -244,10 +244,13 @@ def slowest_esi1(db: Path, res: list[Result], n: int = 3) -> list[dict]:
         rows = {row[0]: row[1:] for row in c.execute(
             "SELECT id, effective_level, instance, arrival, dispatched, first_token, preemptions FROM requests "
             f"WHERE id IN ({','.join('?' * len(late))})", [r.request_id for r in late])}
+
+    def ms(a: float | None, b: float | None) -> float | None:
+        return round(1000 * (b - a), 1) if a is not None and b is not None else None
+
     out = []
     for r in late:
         level, inst, arrival, dispatched, first, preempted = rows.get(r.request_id, (None,) * 6)
-        ms = lambda a, b: round(1000 * (b - a), 1) if a is not None and b is not None else None  # noqa: E731
         out.append({"request_id": r.request_id, "ttft_ms": round(1000 * r.ttft, 1), "level": level, "instance": inst,
                     "front_ms": ms(arrival, dispatched), "engine_ms": ms(dispatched, first), "preemptions": preempted})
     return out

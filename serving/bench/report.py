@@ -123,7 +123,10 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
     classifier caught (a stock baseline without our levels has none: None) and of every gold
     ESI-1 call, pooled over the repetitions; and tokens/s repetition by repetition, each
     against the baseline's of the same number (how far the machine drifted between them; the
-    repetitions are under `turns_key`). Empty without the baseline."""
+    repetitions are under `turns_key`); with it, over the repetitions in which neither system
+    lost CPU to the hypervisor (`quiet_turns`, `tokens_per_s_quiet`: a turn whose baseline ran
+    in a slow spell of the VM flatters the system against it, or the other way round; None
+    where every turn was slowed or none reports its steal). Empty without the baseline."""
     base = systems.get(baseline)
     if not base:
         return {}
@@ -147,14 +150,30 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
                      "gold1_ttft_p50": ratio(gold1(r, "ttft_p50_ms"), gold1(base, "ttft_p50_ms")),
                      "gold1_ttft_p99": ratio(gold1(r, "ttft_p99_ms"), gold1(base, "ttft_p99_ms"))}
         if r.get(turns_key) and base.get(turns_key):
-            out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"])
-                                               for a, b in zip(r[turns_key], base[turns_key])]
+            pairs = list(zip(r[turns_key], base[turns_key]))
+            out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"]) for a, b in pairs]
+            quiet = [(a, b) for a, b in pairs if _quiet(a) and _quiet(b)]
+            out[name]["quiet_turns"] = len(quiet)
+            out[name]["tokens_per_s_quiet"] = ratio(sum(a["tokens_per_s"] for a, _ in quiet),
+                                                    sum(b["tokens_per_s"] for _, b in quiet)) if quiet else None
     return out
+
+
+QUIET_STEAL_S = 0.5   # a repetition in which the hypervisor took less CPU than this from the VM
+
+
+def _quiet(rep: dict) -> bool:
+    """A repetition that reports its VM steal (`vm_steal_s`) and was not slowed by it."""
+    steal = rep.get("vm_steal_s")
+    return steal is not None and steal < QUIET_STEAL_S
 
 
 def against_line(name: str, baseline: str, x: dict) -> str:
     """One system's `against` figures as a line for a person (the benches print it on stderr)."""
-    return (f"{name} x {baseline}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}), "
+    quiet = (f"; {x['tokens_per_s_quiet']} over the {x['quiet_turns']} of {len(x['tokens_per_s_turns'])} "
+             "turns without VM steal"
+             if x.get("tokens_per_s_quiet") is not None and x["quiet_turns"] < len(x["tokens_per_s_turns"]) else "")
+    return (f"{name} x {baseline}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}{quiet}), "
             f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']} "
             f"(gold ESI-1: {x['gold1_ttft_p50']}, {x['gold1_ttft_p99']})")
 

@@ -154,8 +154,8 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
             out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"]) for a, b in pairs]
             quiet = [(a, b) for a, b in pairs if _quiet(a) and _quiet(b)]
             out[name]["quiet_turns"] = len(quiet)
-            out[name]["tokens_per_s_quiet"] = ratio(sum(a["tokens_per_s"] for a, _ in quiet),
-                                                    sum(b["tokens_per_s"] for _, b in quiet)) if quiet else None
+            out[name]["tokens_per_s_quiet"] = ratio(sum(a["tokens_per_s"] for a, _ in quiet),   # None: none quiet
+                                                    sum(b["tokens_per_s"] for _, b in quiet))
     return out
 
 

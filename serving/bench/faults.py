@@ -568,6 +568,9 @@ async def sigterm_drain(live: Live, streams: int = 6, max_tokens: int = 48, exit
           and full == streams and code == 0 and len(rows) == streams and spool == 0 and v["ok"])
     return {"ok": bool(ok), "in_flight_at_sigterm": streams, "finished_in_full": full,
             "new_call_status": refused.status, "new_call_retry_after": refused.retry_after,
+            "new_call_error": (refused.error or {}).get("message"),
+            "streams_ended_before_new_call": sum(x.end is not None and x.end <= refused.sent for x in calls),
+            "new_call_sent_after_sigterm_s": round(refused.sent - t_term, 3),
             "readyz_while_draining": ready, "exit_code": code, "sigterm_to_exit_s": exit_s,
             "audit_rows": len(rows), "outcomes": _outcomes(rows), "spool_lines_after": spool,
             "chain_verifies": v["ok"], "chain_events": v.get("events")}

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
-from serving.bench.report import against, steal_note, summarize
+from serving.bench.report import against, engine_cpu_ms_a_step, steal_note, summarize
 from serving.bench.serve import REPORT_KEYS, cpu_seconds, engine_counters, steal_seconds
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
                                    port_free, require_free_port, reset_prefix_cache, stop)
@@ -423,6 +423,9 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     count1 = _counters(instances)
     for k, key in REPORT_KEYS.items():
         out[key] = _delta(count0, count1, k)
+    steps = out.get("engine_steps") or []
+    out["engine_cpu_ms_a_step"] = engine_cpu_ms_a_step(   # a slow spell of the host shows here (report._quiet)
+        cpu.get("instances_engine"), sum(steps) if steps and None not in steps else None)
     for i, inst in enumerate(instances):   # ... also beside each instance's calls
         if inst.url in load:
             load[inst.url].update({key: out[key][i] for key in REPORT_KEYS.values()})
@@ -453,7 +456,7 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
 
 
 TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "engine_tokens", "preemptions",
-               "per_instance", "vm_steal_s", "faults", "front_pauses", "audit", "killed", "after_kill")
+               "per_instance", "vm_steal_s", "engine_cpu_ms_a_step", "faults", "front_pauses", "audit", "killed", "after_kill")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:

@@ -123,10 +123,10 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
     classifier caught (a stock baseline without our levels has none: None) and of every gold
     ESI-1 call, pooled over the repetitions; and tokens/s repetition by repetition, each
     against the baseline's of the same number (how far the machine drifted between them; the
-    repetitions are under `turns_key`); with it, over the repetitions in which neither system
-    lost CPU to the hypervisor (`quiet_turns`, `tokens_per_s_quiet`: a turn whose baseline ran
-    in a slow spell of the VM flatters the system against it, or the other way round; None
-    where every turn was slowed or none reports its steal). Empty without the baseline."""
+    repetitions are under `turns_key`); with it, over the repetitions in which the VM slowed
+    neither system (`quiet_turns`, `tokens_per_s_quiet`: a turn whose baseline ran in a slow
+    spell of the VM flatters the system against it, or the other way round; None where every
+    turn was slowed or none reports its steal; `_quiet`). Empty without the baseline."""
     base = systems.get(baseline)
     if not base:
         return {}
@@ -140,6 +140,7 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
     def gold1(r: dict, k: str):
         return ((r.get("per_level") or {}).get("1") or {}).get(k)
 
+    step = _typical_step_ms(systems.values(), turns_key)
     out = {}
     for name, r in systems.items():
         if name == baseline:
@@ -152,7 +153,7 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
         if r.get(turns_key) and base.get(turns_key):
             pairs = list(zip(r[turns_key], base[turns_key]))
             out[name]["tokens_per_s_turns"] = [ratio(a["tokens_per_s"], b["tokens_per_s"]) for a, b in pairs]
-            quiet = [(a, b) for a, b in pairs if _quiet(a) and _quiet(b)]
+            quiet = [(a, b) for a, b in pairs if _quiet(a, step) and _quiet(b, step)]
             out[name]["quiet_turns"] = len(quiet)
             out[name]["tokens_per_s_quiet"] = ratio(sum(a["tokens_per_s"] for a, _ in quiet),   # None: none quiet
                                                     sum(b["tokens_per_s"] for _, b in quiet))
@@ -160,18 +161,39 @@ def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -
 
 
 QUIET_STEAL_S = 0.5   # a repetition in which the hypervisor took less CPU than this from the VM
+QUIET_STEP_SPREAD = 0.25   # ... and whose engine CPU a step is within this share of the run's typical
 
 
-def _quiet(rep: dict) -> bool:
-    """A repetition that reports its VM steal (`vm_steal_s`) and was not slowed by it."""
+def _typical_step_ms(systems, turns_key: str) -> float | None:
+    """The median engine CPU a step (`engine_cpu_ms_a_step`) over every system's repetitions:
+    the same model on the same engine sizes, so what one step costs differs little between
+    systems (measured: 0.5-3 %) and a lot when the host is slow."""
+    xs = sorted(t["engine_cpu_ms_a_step"] for r in systems for t in r.get(turns_key) or []
+                if t.get("engine_cpu_ms_a_step"))
+    return xs[len(xs) // 2] if len(xs) >= 3 else None
+
+
+def _quiet(rep: dict, typical_step_ms: float | None = None) -> bool:
+    """A repetition that reports its VM steal (`vm_steal_s`) and was not slowed by it, nor
+    by a slow spell of the host that steal does not show: its engine's CPU a step more than
+    `QUIET_STEP_SPREAD` off the run's typical (2026-12-05: stock's turn took 77.5 CPU-s for
+    the 320 steps another took in 50.5, with 0.05 CPU-s of steal)."""
     steal = rep.get("vm_steal_s")
-    return steal is not None and steal < QUIET_STEAL_S
+    if steal is None or steal >= QUIET_STEAL_S:
+        return False
+    ms = rep.get("engine_cpu_ms_a_step")
+    return not (ms and typical_step_ms) or abs(ms / typical_step_ms - 1) <= QUIET_STEP_SPREAD
+
+
+def engine_cpu_ms_a_step(cpu_s: float | None, steps: int | None) -> float | None:
+    """A repetition's engine CPU seconds over its engine steps, in ms (None where either is unknown)."""
+    return round(1000 * cpu_s / steps, 1) if cpu_s and steps else None
 
 
 def against_line(name: str, baseline: str, x: dict) -> str:
     """One system's `against` figures as a line for a person (the benches print it on stderr)."""
     quiet = (f"; {x['tokens_per_s_quiet']} over the {x['quiet_turns']} of {len(x['tokens_per_s_turns'])} "
-             "turns without VM steal"
+             "turns the VM did not slow"
              if x.get("tokens_per_s_quiet") is not None and x["quiet_turns"] < len(x["tokens_per_s_turns"]) else "")
     return (f"{name} x {baseline}: tokens/s {x['tokens_per_s']} (turns {x.get('tokens_per_s_turns', '-')}{quiet}), "
             f"ESI-1 first token p50 {x['esi1_ttft_p50']}, p99 {x['esi1_ttft_p99']} "

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
-from serving.bench.report import _pct, summarize
+from serving.bench.report import _pct, engine_cpu_ms_a_step, summarize
 from serving.bench.systems import (MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, reset_prefix_cache,
                                    start_system)
 from serving.bench.texts import Text, classify
@@ -79,6 +79,7 @@ class Turn:
     # repetition, where the server's /metrics says
     work: dict[str, list[int]] = field(default_factory=dict)
     steals: list[float] = field(default_factory=list)   # the VM's steal seconds per repetition
+    engine_cpu: list[float] = field(default_factory=list)   # the engine's CPU seconds per repetition
 
     def add(self, other: "Turn") -> "Turn":
         self.results += other.results
@@ -87,6 +88,7 @@ class Turn:
         for k, v in other.work.items():
             self.work.setdefault(k, []).extend(v)
         self.steals += other.steals
+        self.engine_cpu += other.engine_cpu
         for k, v in other.cpu_s.items():
             self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
         return self
@@ -112,9 +114,11 @@ def run_turn(name: str, calls: list[Call], reps: int, sizes: EngineSizes, *, por
             # unsettled, those steps were charged to the burst (6-12 of ~150, measured
             # 2026-12-04 against the step log)
             count0, steal0 = engine_counters(srv.url, settle_s=STEPS_SETTLE_S), steal_seconds()
+            engine0 = cpu_seconds(srv.proc.pid).get("engine", 0.0)
             res = asyncio.run(run_calls(srv.url, srv.key, MODEL_NAME, calls, send_priority=name in PRIORITY_FED,
                                         on_done=on_done))
             turn.steals.append(steal_seconds() - steal0)
+            turn.engine_cpu.append(cpu_seconds(srv.proc.pid).get("engine", 0.0) - engine0)
             count1 = engine_counters(srv.url, settle_s=STEPS_SETTLE_S)
             for k in count0.keys() & count1.keys():
                 turn.work.setdefault(k, []).append(count1[k] - count0[k])
@@ -153,6 +157,10 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
                            "esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]} for r in reps]
         for r, st in zip(out["per_rep"], turn.steals):   # one steal figure per repetition (run_turn)
             r["vm_steal_s"] = round(st, 2)
+        # what a step cost the engine, repetition by repetition: a slow spell of the host shows
+        # here when steal does not (`report._quiet`)
+        for r, cpu, steps in zip(out["per_rep"], turn.engine_cpu, turn.work.get("steps") or []):
+            r["engine_cpu_ms_a_step"] = engine_cpu_ms_a_step(cpu, steps)
     return out
 
 

@@ -164,6 +164,28 @@ def test_each_router_is_reported_as_a_multiple_of_the_stock_baseline():
     assert cluster.against_baseline(routers)["gorouting"]["esi1_ttft_p50"] is None
 
 
+def test_a_turn_the_host_slowed_without_steal_is_left_out_of_the_quiet_ratio():
+    """A run of 2026-12-05 (Intel AMX VM): stock's second turn took 40.1 s and 77.5 engine
+    CPU-s for the 320 steps its first took in 26.4 s and 50.5 CPU-s, with 0.05 CPU-s of steal:
+    a slow spell of the host that steal does not show. By the command we served 1.186x stock's
+    tokens/s; the turn both systems ran at the VM's usual speed says 0.936x."""
+    from serving.bench.report import against_line
+
+    def rep(turns):
+        return {"tokens_per_s": sum(t for t, _ in turns) / len(turns), "esi1_caught": {},
+                "turns": [{"tokens_per_s": t, "vm_steal_s": 0.03,
+                           "engine_cpu_ms_a_step": cluster.engine_cpu_ms_a_step(cpu, steps)} for t, (cpu, steps) in turns]}
+
+    routers = {"gorouting": rep([(272.6, (53.0, 328)), (276.5, (52.0, 319))]),
+               cluster.BASELINE: rep([(291.2, (50.5, 319)), (191.9, (77.5, 320))])}
+    x = cluster.against_baseline(routers)["gorouting"]
+    assert x["tokens_per_s_turns"] == [0.936, 1.441]
+    assert x["quiet_turns"] == 1 and x["tokens_per_s_quiet"] == 0.936
+    assert "0.936 over the 1 of 2 turns the VM did not slow" in against_line("gorouting", cluster.BASELINE, x)
+    routers[cluster.BASELINE]["turns"][1]["engine_cpu_ms_a_step"] = 170.0   # within a quarter of the others
+    assert cluster.against_baseline(routers)["gorouting"]["quiet_turns"] == 2
+
+
 def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
     """The front end's audit database (the real schema, by Alembic) read back per instance:
     what each instance was given and when it ended, so that a reader of `bench cluster`

@@ -131,11 +131,11 @@ def test_turns_slowed_by_the_hypervisor_are_left_out_of_the_quiet_ratio():
     x = against(systems, "vllm-fcfs", "per_rep")["triage"]
     assert x["tokens_per_s_turns"] == [1.095, 1.658, 1.002]
     assert x["quiet_turns"] == 1 and x["tokens_per_s_quiet"] == 1.002
-    assert "1.002 over the 1 of 3 turns without VM steal" in against_line("triage", "vllm-fcfs", x)
+    assert "1.002 over the 1 of 3 turns the VM did not slow" in against_line("triage", "vllm-fcfs", x)
     systems["vllm-fcfs"]["per_rep"][2]["vm_steal_s"] = 0.9
     x = against(systems, "vllm-fcfs", "per_rep")["triage"]
     assert x["quiet_turns"] == 0 and x["tokens_per_s_quiet"] is None
-    assert "without VM steal" not in against_line("triage", "vllm-fcfs", x)
+    assert "did not slow" not in against_line("triage", "vllm-fcfs", x)
 
 
 def test_a_call_the_load_generator_posted_late_is_reported():
@@ -315,6 +315,8 @@ def _record_turns(monkeypatch) -> list:
                                     chunk_times=[c.at + 0.2 + 0.1 * i for i in range(4)], level=c.gold))
         t.walls += [float(len(started))] * reps
         t.steals += [2.5 if len(started) == 2 else 0.0] * reps
+        t.engine_cpu += [2.0 * len(started)] * reps   # each start's engine slower a step, too
+        t.work["steps"] = [100] * reps
         return t
 
     monkeypatch.setattr(serve, "run_turn", fake_turn)
@@ -355,6 +357,11 @@ def test_turns_rotate_the_systems_rep_by_rep(tmp_path, monkeypatch, flag):
     steals = {"triage": [0.0, 0.0], "vllm-fcfs": [2.5, 0.0] if turns else [2.5, 2.5]}
     for name, want_steal in steals.items():
         assert [r["vm_steal_s"] for r in out["systems"][name]["per_rep"]] == want_steal
+    # and what a step cost each repetition's engine (a slow spell that steal does not show)
+    step_ms = {"triage": [20.0, 80.0], "vllm-fcfs": [40.0, 60.0]} if turns else {"triage": [20.0, 20.0],
+                                                                                  "vllm-fcfs": [40.0, 40.0]}
+    for name, want_ms in step_ms.items():
+        assert [r["engine_cpu_ms_a_step"] for r in out["systems"][name]["per_rep"]] == want_ms
     lines = {ln.split(":")[0]: ln for ln in r.output.splitlines() if " ok, " in ln}
     assert "VM steal 2.5 CPU-s" in lines["vllm-fcfs"] if turns else "VM steal 5.0 CPU-s" in lines["vllm-fcfs"]
     assert "VM steal" not in lines["triage"]

@@ -169,12 +169,12 @@ def test_a_turn_the_host_slowed_without_steal_is_left_out_of_the_quiet_ratio():
     CPU-s for the 320 steps its first took in 26.4 s and 50.5 CPU-s, with 0.05 CPU-s of steal:
     a slow spell of the host that steal does not show. By the command we served 1.186x stock's
     tokens/s; the turn both systems ran at the VM's usual speed says 0.936x."""
-    from serving.bench.report import against_line
+    from serving.bench.report import against_line, engine_cpu_ms_a_step
 
     def rep(turns):
         return {"tokens_per_s": sum(t for t, _ in turns) / len(turns), "esi1_caught": {},
                 "turns": [{"tokens_per_s": t, "vm_steal_s": 0.03,
-                           "engine_cpu_ms_a_step": cluster.engine_cpu_ms_a_step(cpu, steps)} for t, (cpu, steps) in turns]}
+                           "engine_cpu_ms_a_step": engine_cpu_ms_a_step(cpu, steps)} for t, (cpu, steps) in turns]}
 
     routers = {"gorouting": rep([(272.6, (53.0, 328)), (276.5, (52.0, 319))]),
                cluster.BASELINE: rep([(291.2, (50.5, 319)), (191.9, (77.5, 320))])}

@@ -167,7 +167,7 @@ QUIET_STEP_SPREAD = 0.25   # ... and whose engine CPU a step is within this shar
 def _typical_step_ms(systems, turns_key: str) -> float | None:
     """The median engine CPU a step (`engine_cpu_ms_a_step`) over every system's repetitions:
     the same model on the same engine sizes, so what one step costs differs little between
-    systems (measured 2026-12-05: within 5 %) and a lot when the host is slow (+50 %)."""
+    systems (measured 2026-12-05: within 5 % of the median) and a lot when the host is slow (+50 %)."""
     xs = sorted(t["engine_cpu_ms_a_step"] for r in systems for t in r.get(turns_key) or []
                 if t.get("engine_cpu_ms_a_step"))
     return xs[len(xs) // 2] if len(xs) >= 3 else None

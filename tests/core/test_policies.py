@@ -320,6 +320,28 @@ def test_a_protected_prompt_is_not_split_by_the_step_time():
     assert 0 < plan("triage", st, eta=5.0, max_step_s=cap, **LIVE).tokens["long"] < 2000
 
 
+def test_a_protected_first_prompt_runs_whole_when_its_rest_costs_less_than_a_decode_step():
+    """Eight level-1 answers decoding (t_c 10 ms + 8 x 1 ms: an 18-ms step of decodes) and a
+    level-1 prompt of 330 tokens (33 ms) where the step has time for ~210 of them: the rest
+    (12 ms) costs more than t_c but less than the decode step that splitting it would add
+    before its first token, so it runs whole now. A prompt whose rest would take longer than
+    that step is chunked as before, so a step overshoots its budget by one decode step at most."""
+    def state(prompt):
+        st = make_state(max_seqs=16)
+        for k in range(8):
+            make_running(st, level=1, rid=f"dec{k}", arrival=0.95)   # their next tokens are due in 0.1 s
+        make_request(st, level=1, prompt=prompt, arrival=0.9, rid="crit")
+        return st
+    cap = 0.01 + 0.008 + 0.02                                  # t_c + the decodes + 200 prompt tokens
+    whole = plan("triage", state(330), eta=5.0, max_step_s=cap, **LIVE)
+    assert whole.tokens["crit"] == 330 and all(whole.tokens[f"dec{k}"] == 1 for k in range(8))
+    assert whole.budget_s < whole.predicted_s <= whole.budget_s + 0.018 + 1e-9
+    split = plan("triage", state(330), eta=5.0, max_step_s=cap, unsplit_prompts=False, **LIVE)
+    assert split.tokens["crit"] == pytest.approx(210, abs=2)   # the rule off: 210 now, 120 a step later
+    cut = plan("triage", state(420), eta=5.0, max_step_s=cap, **LIVE)   # a rest of ~210 tokens: 21 ms
+    assert cut.tokens["crit"] == pytest.approx(210, abs=2) and cut.predicted_s <= cut.budget_s + 1e-9
+
+
 def test_no_prompt_is_left_with_a_rest_cheaper_than_a_step():
     """A chunk whose rest would cost less than the step's fixed time t_c (10 ms = 100
     tokens here) takes the whole prompt: the rest would cost the request one more step."""

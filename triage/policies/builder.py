@@ -55,11 +55,14 @@ class BatchBuilder:
         return self.tokens_left <= 0 or self.time_left <= TIME_SLACK
 
     def add(self, r: Request, want: int | None = None, *, use_time: bool = True, whole: bool = False,
-            unsplit: bool = False) -> int:
+            unsplit: bool = False, whole_within: float = 0.0) -> int:
         """Grant r up to `want` tokens (default: its need); `whole=True` grants nothing
         unless the KV blocks for all of it are free (vLLM allocates all or preempts);
         `unsplit=True`: a prompt the time budget would cut is deferred whole to the next
-        step instead, unless it is the step's first prefill (then it is chunked: progress)."""
+        step instead, unless it is the step's first prefill (then it is chunked: progress);
+        `whole_within`: as the step's first prefill, a prompt the time budget would cut is
+        granted whole when its rest would take at most this long (past the budget: the step
+        has no time left after it)."""
         rid = r.id
         if rid in self.tokens or rid in self._preempted:
             return 0
@@ -100,8 +103,9 @@ class BatchBuilder:
             else:
                 full = k
                 k = est.max_chunk(computed, self.time_left, k)
-                if k < full and self.min_remainder_s > 0 and k > 0 and \
-                        est.request_time(full, computed) - est.request_time(k, computed) <= self.min_remainder_s:
+                rest_ok = self.min_remainder_s if self.prefills else max(self.min_remainder_s, whole_within)
+                if k < full and rest_ok > 0 and k > 0 and \
+                        est.request_time(full, computed) - est.request_time(k, computed) <= rest_ok:
                     k = full
                 if k < full and unsplit and self.prefills:
                     return self._cut("time")

@@ -57,11 +57,15 @@ docs/preemption.md): strict urgency with decode-first batching:
        the first token waits for the protected prompt alone. With `unsplit_prompts`
        (default) a protected prompt that the step's time would cut is not started: it runs
        whole in the next step, unless it is the step's first prompt (then it is chunked,
-       so a prompt longer than any step still progresses); and a chunk whose rest would
-       take less than a step's fixed time t_c takes the whole prompt (the rest would cost its
-       request one more step). Measured live: 10 of 42 ESI-1 prompts of a burst had been
-       split, each paying a whole extra step (0.3-0.6 s) for as few as 4 tokens
-       (docs/measurements/single-engine.md).
+       so a prompt longer than any step still progresses, but runs whole after all when
+       its rest would take no longer than a step of the running decodes: the step the
+       split would add before its first token, which also holds the next protected prompt
+       back a step); and a chunk whose rest would take less than a step's fixed time t_c
+       takes the whole prompt (the rest would cost its request one more step). Measured
+       live: 10 of 42 ESI-1 prompts of a burst had been split, each paying a whole extra
+       step (0.3-0.6 s) for as few as 4 tokens (docs/measurements/single-engine.md); with
+       the t_c rule alone, 13 of 51 on one instance of a cluster burst, where a step's
+       prefill costs more (docs/measurements/cluster.md).
 Both modes: `max_step_s` caps a step (in the profiled machine's seconds, so x the online
 step-time correction β on this one; never below the running decodes plus half of it
 for prefill; a protected request always gets its seat), so a newly arrived urgent
@@ -223,8 +227,8 @@ class Triage(SlideBatching):
         order = np.lexsort((q.seq, q.remain, ~resumed, q.level, group))
         b = BatchBuilder(view, time_budget=t_budget,
                          min_remainder_s=q.t_c if self.unsplit_prompts else 0.0)
+        decode_step = q.t_c + float(q.exec[decode].sum())   # a step of the running decodes alone
         if self.evict and n > n_run:
-            decode_step = q.t_c + float(q.exec[decode].sum())
             self._evict_for_waiting(view, q, b, order.tolist(), t_budget - decode_step, decode_step)
         kv_victims: list | None = None
         token_due = False   # a protected request's prompt completes in this step
@@ -243,7 +247,8 @@ class Triage(SlideBatching):
                 continue
             if i >= n_run:
                 if b.blocks_short(r) == 0 and b.seats_left > 0:
-                    b.add(r, unsplit=self.unsplit_prompts and bool(protected[i]))
+                    whole = self.unsplit_prompts and bool(protected[i])
+                    b.add(r, unsplit=whole, whole_within=decode_step if whole else 0.0)
             elif not b.add(r) and r.id not in b.tokens and b.blocks_short(r, min(r.need, b.tokens_left)) > 0:
                 # a running request out of KV: free blocks as vLLM would (the most evictable
                 # first, itself last), whatever the bound, or the engine stalls

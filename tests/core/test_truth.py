@@ -29,6 +29,21 @@ def test_a_known_bias_is_corrected_online_to_under_5_percent(bias):
     assert e["beta_final"] == pytest.approx(bias, rel=0.01)
 
 
+def test_a_prefill_cost_the_profile_underrates_is_learnt_as_the_live_scheduler_learns_it():
+    """A machine whose prompt tokens cost twice the profile's and whose decodes cost the
+    same: no single β fits both kinds of step, so the simulated scheduler learns the prefill
+    share ρ as well (as the live engine's does, `learn_shape`): ρ comes out at 2, β stays
+    at 1, and the corrected predictions' error is a tenth of the fitted model's (which is
+    off on every step with a prompt in it)."""
+    prof = load_profile("vllm-cpu-smollm2")
+    fitted = prof.estimator()
+    slow_prefill = type(fitted)(a_p=2 * fitted.a_p, b_p=2 * fitted.b_p, c_p=2 * fitted.c_p,
+                                a_d=fitted.a_d, b_d=fitted.b_d, t_c=fitted.t_c)
+    e = run(prof, ModelTruth(slow_prefill, np.random.default_rng(0), noise_cv=0.0), 1.0, n=400).estimator
+    assert e["rho_final"] == pytest.approx(2.0, rel=0.05) and e["beta_final"] == pytest.approx(1.0, rel=0.02)
+    assert e["mape_uncorrected"] > 0.03 and e["mape_corrected"] < e["mape_uncorrected"] / 10
+
+
 def test_measured_truth_with_a_bias_is_corrected_to_under_5_percent_aggregate_error():
     """With the engine's real residuals per-step error stays at the noise level, but β
     learns the bias: the corrected predictions' total over the run is within 5 %."""

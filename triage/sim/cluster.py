@@ -220,7 +220,7 @@ def simulate_cluster(trace: Iterable[TraceRequest], policy_factory, profile: Pro
     err = EstimatorError()
     for n in nodes:
         err.merge(n.inst.error)
-    err.beta = nodes[0].inst.error.beta
+    err.beta, err.rho = nodes[0].inst.error.beta, nodes[0].inst.error.rho
     report = err.report(nodes[0].inst.truth.describe())
     report["beta_final_per_instance"] = [round(n.inst.error.beta, 4) for n in nodes]
     res = SimResult(sorted(done, key=lambda r: r.seq), steps, max(n.inst.now for n in nodes), [], origin, report)

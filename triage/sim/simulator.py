@@ -83,21 +83,23 @@ def with_limits(profile: Profile, *, max_num_seqs: int | None = None,
 
 class EstimatorError:
     """Absolute percentage error of the scheduler's step predictions against the truth,
-    without (fitted model alone) and with the online β it had when it planned the step."""
+    without (fitted model alone) and with the online correction (β, and the prefill share ρ
+    where the estimator learns it) it had when it planned the step."""
 
-    __slots__ = ("n", "raw", "corrected", "beta")
+    __slots__ = ("n", "raw", "corrected", "beta", "rho")
 
     def __init__(self) -> None:
         self.n = 0
         self.raw = 0.0
         self.corrected = 0.0
         self.beta = 1.0
+        self.rho = 1.0
 
-    def add(self, uncorrected: float, beta: float, real: float) -> None:
+    def add(self, uncorrected: float, corrected: float, real: float) -> None:
         if real > 0:
             self.n += 1
             self.raw += abs(uncorrected - real) / real
-            self.corrected += abs(beta * uncorrected - real) / real
+            self.corrected += abs(corrected - real) / real
 
     def merge(self, other: "EstimatorError") -> None:
         self.n += other.n
@@ -108,7 +110,7 @@ class EstimatorError:
         out = {"steps": self.n,
                "mape_uncorrected": round(self.raw / self.n, 4) if self.n else None,
                "mape_corrected": round(self.corrected / self.n, 4) if self.n else None,
-               "beta_final": round(self.beta, 4)}
+               "beta_final": round(self.beta, 4), "rho_final": round(self.rho, 4)}
         if truth is not None:
             out["truth"] = truth
         return out
@@ -127,6 +129,7 @@ class Instance:
         self.index = index
         fitted = self.truth.fitted
         costs = CacheCosts.from_estimator(fitted, profile.kv_load_per_token) if hasattr(fitted, "a_p") else None
+        est.learn_shape = True   # as the live engine's scheduler (serving.vllm_scheduler): β and ρ online
         self.state = EngineState(KVCache(profile.num_blocks, profile.block_size), est, classes, profile.limits, costs)
         self.now = 0.0
         self.steps = 0
@@ -151,10 +154,9 @@ class Instance:
         step = self.truth.time(works)
         real = step + reload
         est = st.estimator
-        predicted = est.uncorrected_batch_time(works)
-        self.error.add(predicted, est.beta, step)
-        est.observe(predicted, step)
-        self.error.beta = est.beta
+        self.error.add(sum(est.split(works)), est.beta * est.uncorrected_batch_time(works), step)
+        est.observe_batch(works, step)
+        self.error.beta, self.error.rho = est.beta, est.rho
         self.now += real
         self.steps += 1
         for r, k in scheduled:

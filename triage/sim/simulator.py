@@ -154,8 +154,8 @@ class Instance:
         step = self.truth.time(works)
         real = step + reload
         est = st.estimator
-        self.error.add(sum(est.split(works)), est.beta * est.uncorrected_batch_time(works), step)
-        est.observe_batch(works, step)
+        planned = est.observe_batch(works, step)   # the prediction it planned with (β and ρ before this step)
+        self.error.add(sum(est.split(works)), planned, step)
         self.error.beta, self.error.rho = est.beta, est.rho
         self.now += real
         self.steps += 1

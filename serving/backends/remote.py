@@ -19,8 +19,14 @@ read locally (the same files the instances serve: `--model` or the prepared defa
 
 Faults: a request whose instance refuses the connection, breaks, or answers 503 (vLLM's
 `--max-num-queued-reqs`) before any token came back is routed again among the others
-(at most `2 x instances` tries). One that breaks after tokens were streamed is *resumed*
-on another instance: the front end holds the prompt's token ids (vLLM returns them with
+(at most `2 x instances` tries, each avoiding the instances it already failed on). A
+refused connection takes the instance out of rotation at once; a connect timeout or a
+broken connection before any token does not by itself (the health checks decide, as for
+their own GETs): once in `bench cluster` the front end's event loop was held for 19.6 s
+outside any Python code (the VM's doing), and on waking it saw a connect timeout on one
+instance and a reset keep-alive connection on the other, took both out and failed a call
+with a 503 while both served. One that breaks after tokens were streamed is *resumed* on
+another instance: the front end holds the prompt's token ids (vLLM returns them with
 the first chunk, `return_token_ids`) and every output token id it passed on, and sends
 `prompt_ids + output_ids` with the remaining `max_tokens` (and `min_tokens`), so the
 client's stream goes on where it stopped: token for token the same under greedy
@@ -34,7 +40,8 @@ prefix) is lost, and a stop string spanning the break is not matched. When every
 instance in rotation refuses with 503, the least urgent are shed: a request below the
 most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-urgent
 one keeps trying for up to `URGENT_WAIT_S`. While no instance at all is in rotation, a
-request that has not started waits up to `NO_INSTANCE_WAIT_S` for one to rejoin, then
+request that has not started waits up to `NO_INSTANCE_WAIT_S` (from when it found none,
+not from its arrival) for one to rejoin, then
 fails with `InstancesUnavailable` naming every instance and why.
 
 Moves (`remote_steal`, not a fault): a call that has waited on one instance without starting
@@ -125,10 +132,11 @@ async def sse_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
 
 
 class _Retry(Exception):
-    def __init__(self, why: str, full: bool = False, moved: bool = False) -> None:
+    def __init__(self, why: str, full: bool = False, moved: bool = False, down: bool = True) -> None:
         super().__init__(why)
         self.full = full
         self.moved = moved      # taken off the instance it waited on, for a free seat elsewhere (rebalance)
+        self.down = down        # the failure takes the instance out of rotation (else health decides)
 
 
 @dataclass
@@ -141,7 +149,7 @@ class _Progress:
     n_out: int = 0                        # output tokens passed on (the instances' count)
     prompt_tokens: int = 0
     resumed: int = 0
-    failed_on: set[int] = field(default_factory=set)   # instances a stream of it broke on
+    failed_on: set[int] = field(default_factory=set)   # instances it failed on (its next try avoids them)
 
     @property
     def resumable(self) -> bool:
@@ -350,16 +358,18 @@ class RemoteBackend:
         urgent = req.level <= self.classes.most_urgent
         prog = _Progress(prompt_tokens=req.prompt_tokens)
         move_to = None
+        none_up_since = None      # when this request found no instance in rotation
         while True:
             now = time.time()
             inst = self._pick(r, now, prog.failed_on, move_to)
             move_to = None
             if inst is None:
                 up = [i for i in self.instances if i.available]
-                if not up and now - started_at < NO_INSTANCE_WAIT_S:   # one may rejoin (a slow /health)
-                    await asyncio.sleep(0.2)
-                    continue
-                if not up:
+                if not up:   # one may rejoin (a slow /health): wait from when none was left, not from arrival
+                    none_up_since = none_up_since or now
+                    if now - none_up_since < NO_INSTANCE_WAIT_S:
+                        await asyncio.sleep(0.2)
+                        continue
                     raise InstancesUnavailable(
                         "no engine instance is in rotation: " + "; ".join(f"{i.url}: {i.reason}" for i in self.instances))
                 if not urgent:
@@ -370,6 +380,7 @@ class RemoteBackend:
                 await asyncio.sleep(0.1)
                 continue
             tries += 1
+            none_up_since = None
             self._where[req.request_id] = inst
             self.router.on_dispatch(r, inst.index, now, inst)
             inst.on_sent(r, now)
@@ -396,7 +407,9 @@ class RemoteBackend:
                     inst.counters["refused_503"] += 1
                     self.dispatch.refused_503 += 1
                 else:
-                    inst.mark_down(str(e))
+                    prog.failed_on.add(inst.index)     # its next try goes elsewhere if it can
+                    if e.down:
+                        inst.mark_down(str(e))
                     inst.counters["errors"] += 1
                 if tries >= 2 * len(self.instances) and not (e.full and urgent):
                     raise InstancesUnavailable(f"request {req.request_id} failed on {tries} tries; last: {e}") from None
@@ -531,7 +544,11 @@ class RemoteBackend:
             self._was_moved(req.request_id, inst, n_out, prog)
             why = f"{type(e).__name__} from {inst.url}"
             if n_out == 0:
-                raise _Retry(why) from None
+                # nothing listens there: out of rotation now. A timeout or a broken connection
+                # alone is not a dead instance (a keep-alive connection its server had just
+                # closed; this front end's own loop held past the connect timeout): the
+                # request goes elsewhere and the health checks decide (remote_instances)
+                raise _Retry(why, down=isinstance(e, aiohttp.ClientConnectorError)) from None
             inst.mark_down(why)
             raise InstanceLost(f"engine instance {inst.url} failed after {prog.n_out} tokens ({type(e).__name__})") from None
 

@@ -295,14 +295,18 @@ def test_a_resumed_request_asks_the_next_instance_for_the_rest_only():
     assert not _Progress(prompt_ids=[1], out_ids=[], n_out=0).resumable
 
 
-async def _completions_server(seen: list[str], closed: asyncio.Event, tokens: int | None):
+async def _completions_server(seen: list[str], closed: asyncio.Event, tokens: int | None, breaks: int = 0):
     """A real HTTP server for POST /v1/completions: with `tokens`, streams that many SSE
     chunks and [DONE]; with None, holds the call (waiting for a seat) until the client
-    closes the connection, then sets `closed` (vLLM aborts such a call)."""
+    closes the connection, then sets `closed` (vLLM aborts such a call). The first `breaks`
+    calls get no answer: the connection closes once the body is read."""
     async def handle(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
         n = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
         seen.append((await reader.readexactly(n)).decode())
+        if len(seen) <= breaks:
+            writer.close()
+            return
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
         await writer.drain()
         if tokens is None:
@@ -377,3 +381,95 @@ def test_a_call_waiting_for_a_seat_moves_to_an_instance_with_a_free_one():
         s1.close()
 
     asyncio.run(run())
+
+
+def test_a_connection_broken_before_any_token_reroutes_the_call_and_leaves_the_instance_in():
+    """Each instance breaks the call's first attempt on it (no answer: as a keep-alive
+    connection its server had just closed, or a front end whose loop was held past the
+    connect timeout, looks). The call is routed on, then back, and gets its whole answer;
+    both instances stay in rotation, since the health checks, not one broken connection,
+    say when an instance is gone. A refused connection (nothing listens) is out at once."""
+    from serving.backends.base import GenRequest
+    from serving.backends.remote import RemoteBackend
+    from serving.settings import Settings
+    from triage.classes import load_classes
+
+    async def run():
+        seen0, seen1 = [], []
+        s0 = await _completions_server(seen0, asyncio.Event(), 3, breaks=1)
+        s1 = await _completions_server(seen1, asyncio.Event(), 3, breaks=1)
+        urls = ",".join(f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in (s0, s1))
+        b = RemoteBackend(Settings(backend="remote", instances=urls, db_url="sqlite:////tmp/unused.db",
+                                   router="round_robin"), load_classes())
+        b._client = aiohttp.ClientSession()
+        for i in b.instances:
+            i.checked, i.has_triage, i.state = True, True, UP
+        req = GenRequest("call-1", "Chest pain, sweating.", 3, 1, 0.8, 0.12, 3, time.time(), 6)
+        events = [ev async for ev in b.generate(req)]
+        assert "".join(e.text for e in events) == "t0 t1 t2 " and events[-1].finished
+        assert len(seen0) + len(seen1) == 3          # broken on one, broken on the other, served
+        assert b.dispatch.rerouted == 2
+        assert [i.state for i in b.instances] == [UP, UP]
+        assert [i.counters["went_down"] for i in b.instances] == [0, 0]
+        s0.close()
+        await s0.wait_closed()                       # nothing listens on instance 0 now
+        for rid in ("call-2", "call-3"):                 # round robin sends one of them to instance 0
+            events = await _collect(b.generate(GenRequest(rid, "Sprained ankle.", 3, 5, 16.0, 1.0, 3, time.time(), 6)))
+            assert events[-1].finished
+        assert b.instances[0].state == DOWN
+        assert "ClientConnectorError" in b.instances[0].reason and b.instances[1].state == UP
+        await b._client.close()
+        s1.close()
+
+    asyncio.run(run())
+
+
+def test_a_call_waits_for_an_instance_to_rejoin_from_when_none_was_left(monkeypatch):
+    """A call that spent longer than NO_INSTANCE_WAIT_S on an attempt (its instance held it,
+    then went down) still waits up to NO_INSTANCE_WAIT_S for an instance to rejoin before it
+    fails: the wait counts from when none was left, not from its arrival."""
+    import serving.backends.remote as remote
+    from serving.backends.base import GenRequest
+    from serving.settings import Settings
+    from triage.classes import load_classes
+
+    monkeypatch.setattr(remote, "NO_INSTANCE_WAIT_S", 1.0)
+
+    async def run():
+        seen0, seen1 = [], []
+        held = asyncio.Event()
+
+        async def handle(reader, writer):                 # instance 0: holds the call 1.2 s, then breaks
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen0.append(head)
+            held.set()
+            await asyncio.sleep(1.2)
+            writer.close()
+
+        s0 = await asyncio.start_server(handle, "127.0.0.1", 0)
+        s1 = await _completions_server(seen1, asyncio.Event(), 3)
+        urls = ",".join(f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in (s0, s1))
+        b = remote.RemoteBackend(Settings(backend="remote", instances=urls, db_url="sqlite:////tmp/unused.db"),
+                                 load_classes())
+        b._client = aiohttp.ClientSession()
+        i0, i1 = b.instances
+        for i in b.instances:
+            i.checked, i.has_triage = True, True
+        i0.state, i1.state = UP, DOWN
+        req = GenRequest("call-1", "Chest pain, sweating.", 3, 1, 0.8, 0.12, 3, time.time(), 6)
+        task = asyncio.create_task(_collect(b.generate(req)))
+        await asyncio.wait_for(held.wait(), 5.0)
+        i0.mark_down("the health checks lost it")        # while it holds the call
+        await asyncio.sleep(1.2 + 0.3)                   # the call has been out 1.5 s, none in rotation 0.3 s
+        i1.state = UP                                    # instance 1 rejoins
+        events = await asyncio.wait_for(task, 5.0)
+        assert "".join(e.text for e in events) == "t0 t1 t2 " and len(seen1) == 1
+        await b._client.close()
+        s0.close()
+        s1.close()
+
+    asyncio.run(run())
+
+
+async def _collect(gen):
+    return [ev async for ev in gen]

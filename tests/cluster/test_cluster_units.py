@@ -405,7 +405,7 @@ def test_a_connection_broken_before_any_token_reroutes_the_call_and_leaves_the_i
         for i in b.instances:
             i.checked, i.has_triage, i.state = True, True, UP
         req = GenRequest("call-1", "Chest pain, sweating.", 3, 1, 0.8, 0.12, 3, time.time(), 6)
-        events = [ev async for ev in b.generate(req)]
+        events = await _collect(b.generate(req))
         assert "".join(e.text for e in events) == "t0 t1 t2 " and events[-1].finished
         assert len(seen0) + len(seen1) == 3          # broken on one, broken on the other, served
         assert b.dispatch.rerouted == 2

@@ -41,8 +41,8 @@ instance in rotation refuses with 503, the least urgent are shed: a request belo
 most urgent level fails with `InstancesFull` (HTTP 503 to the client), a most-urgent
 one keeps trying for up to `URGENT_WAIT_S`. While no instance at all is in rotation, a
 request that has not started waits up to `NO_INSTANCE_WAIT_S` (from when it found none,
-not from its arrival) for one to rejoin, then
-fails with `InstancesUnavailable` naming every instance and why.
+not from its arrival) for one to rejoin, then fails with `InstancesUnavailable` naming
+every instance and why.
 
 Moves (`remote_steal`, not a fault): a call that has waited on one instance without starting
 while another has a free seat and nothing queued is taken off the first (its stream closed)

@@ -19,12 +19,13 @@ import os
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import insert, select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from serving.db.chain import GENESIS, canonical, event_hash, row_digest
 from serving.db.models import AuditEventRow, PriorityClassRow, RelabelExampleRow, RelabelRow, RequestRow
@@ -254,10 +255,14 @@ class AuditWriter:
 
 
 def verify(engine: Engine) -> dict[str, Any]:
-    """Recompute the chain and check that every sealed row is unchanged and present."""
+    """Recompute the chain and check that every sealed row is unchanged and present.
+
+    The events and the rows are read in one snapshot: the writer commits a row with its
+    event, so a request finishing between two separate reads would read as a row "not
+    sealed by an audit event" (a false alarm of tampering under live traffic)."""
     from serving.db.chain import verify_events
 
-    with engine.connect() as conn:
+    with _snapshot(engine) as conn:
         events = conn.execute(select(AuditEventRow).order_by(AuditEventRow.id)).all()
         ok, n, problem = verify_events(events)
         if not ok:
@@ -284,3 +289,19 @@ def verify(engine: Engine) -> dict[str, Any]:
                 return {"ok": False, "events": n,
                         "problem": f"{table}: {missing} sealed rows altered or missing, {extra} rows not sealed by an audit event"}
         return {"ok": True, "events": n, "problem": None}
+
+
+@contextmanager
+def _snapshot(engine: Engine) -> Iterator[Connection]:
+    """A read-only connection whose statements all see one snapshot of the database."""
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            # pysqlite starts no transaction for a SELECT, so each read would see its own
+            # snapshot; an explicit BEGIN holds the first read's (WAL) snapshot to the end
+            conn.exec_driver_sql("BEGIN")
+            yield conn
+            conn.rollback()
+        return
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+        yield conn
+        conn.rollback()

@@ -86,6 +86,47 @@ def test_first_start_prints_keys_once(tmp_path, predictors_dir, capfd):
         assert "tri_" not in out.err
 
 
+def _finished(rid: str):
+    from serving.db.models import RequestRow
+    from serving.db.writer import Record
+
+    row = {c.key: None for c in RequestRow.__table__.columns}
+    row.update(id=rid, endpoint="chat", effective_level=3, ttft_slo=1.0, tpot_slo=0.1, classes_version=1,
+               arrival=time.time(), prompt_tokens=5, output_tokens=5, slo_met=True, preemptions=0, outcome="ok")
+    return Record(kind="request.finished", at=time.time(), request_id=rid, table="requests", rows=[row])
+
+
+def test_verify_reads_one_snapshot_while_requests_keep_finishing(db_url, tmp_path):
+    """A request that finishes while the chain is being checked (its row and its event are
+    committed together, between verify's read of the events and its read of the rows) is not
+    reported as an unsealed row: an auditor's check under live traffic gives no false alarm."""
+    from sqlalchemy import event
+
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, verify
+
+    upgrade(db_url)
+    checker, other = make_engine(db_url), make_engine(db_url)
+    writer = AuditWriter(other, tmp_path / "spool.jsonl")
+    writer.write_now([_finished("before")])
+    landed: list[str] = []
+
+    @event.listens_for(checker, "before_cursor_execute")
+    def finish_one_meanwhile(conn, cursor, statement, params, context, executemany):
+        if not landed and "FROM requests" in statement:
+            writer.write_now([_finished("meanwhile")])
+            landed.append("meanwhile")
+
+    try:
+        res = verify(checker)
+        assert landed, "the request did not finish between the two reads"
+        assert res == {"ok": True, "events": 1, "problem": None}, res
+        assert verify(checker) == {"ok": True, "events": 2, "problem": None}
+    finally:
+        checker.dispose()
+        other.dispose()
+
+
 # --- outage ---------------------------------------------------------------------------------
 class TcpProxy:
     """Forwards 127.0.0.1:port to an upstream; cut() resets everything, restore() resumes."""

@@ -1,10 +1,11 @@
-"""Service commands: `triage serve`, `triage keys create`, `triage db upgrade|check`.
+"""Service commands: `triage serve`, `triage keys create`, `triage db upgrade|check|verify`.
 
 Heavy modules are imported inside the functions so `triage --help` stays fast.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -64,8 +65,6 @@ def serve(
 
 def _ensure_predictors(s) -> None:
     """A missing predictor is trained now, with a progress bar (never replaced by a stub)."""
-    from pathlib import Path
-
     from predictors.model import default_model_dir
 
     if s.predictors_dir:
@@ -191,3 +190,57 @@ def db_check(db: DbOpt = None) -> None:
             typer.echo(repr(d))
         raise typer.Exit(1)
     typer.echo("schema equals the models")
+
+
+@db_app.command("verify")
+def db_verify(
+    db: DbOpt = None,
+    export: Annotated[Optional[Path], typer.Option("--export", help="an export of GET /audit/export (JSON lines; - for stdin) instead of the database")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Re-verify the audit hash chain offline, as GET /audit/verify does: every event's hash
+    and link, and (with the database) that every sealed request and relabel row is unchanged
+    and present. Exit 0: intact; 1: a problem (printed); 2: nothing readable to verify."""
+    import json
+
+    if export is not None:
+        from serving.db.chain import verify_export
+
+        try:
+            text = sys.stdin.read() if str(export) == "-" else export.read_text(encoding="utf-8")
+            res = verify_export(text.splitlines())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            typer.echo(f"error: {export}: {e}", err=True)
+            raise typer.Exit(2)
+        what = f"export {export}, events {res['first_id']}-{res['last_id']}" + (
+            "" if res["starts_at_genesis"] else f", from prev_hash {res['first_prev_hash'][:16]}… (a window: match it to the export before)")
+    else:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from serving.db.session import make_engine
+        from serving.db.writer import verify
+
+        url = _settings(db_url=db).resolved_db_url()
+        shown = make_url(url).render_as_string(hide_password=True)
+        if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+            typer.echo(f"error: no database at {shown}", err=True)
+            raise typer.Exit(2)
+        eng = make_engine(url)
+        try:
+            res = verify(eng)
+        except SQLAlchemyError as e:   # the driver's own first line: no password, no SQL
+            why = str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
+            typer.echo(f"error: cannot read the audit events of {shown}: {why}", err=True)
+            raise typer.Exit(2)
+        finally:
+            eng.dispose()
+        what = f"database {shown}"
+    if as_json:
+        typer.echo(json.dumps(res))
+    elif res["ok"]:
+        typer.echo(f"intact: {res['events']} audit events ({what})")
+    else:
+        typer.echo(f"BROKEN after {res['events']} audit events ({what}): {res['problem']}")
+    if not res["ok"]:
+        raise typer.Exit(1)

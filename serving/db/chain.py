@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from types import SimpleNamespace
 from typing import Any, Iterable
 
 GENESIS = "0" * 64
@@ -50,9 +51,9 @@ def event_hash(prev_hash: str, at: float, kind: str, actor: str | None, request_
     return hashlib.sha256((prev_hash + body).encode()).hexdigest()
 
 
-def verify_events(rows: Iterable[Any]) -> tuple[bool, int, str | None]:
-    """Walk events in id order. Returns (ok, events checked, first problem)."""
-    prev = GENESIS
+def verify_events(rows: Iterable[Any], start: str = GENESIS) -> tuple[bool, int, str | None]:
+    """Walk events in id order from the hash `start`. Returns (ok, events checked, first problem)."""
+    prev = start
     n = 0
     for r in rows:
         n += 1
@@ -63,3 +64,26 @@ def verify_events(rows: Iterable[Any]) -> tuple[bool, int, str | None]:
             return False, n, f"event {r.id}: hash does not match its contents"
         prev = r.hash
     return True, n, None
+
+
+def verify_export(lines: Iterable[str]) -> dict[str, Any]:
+    """Re-verify the JSON lines of `GET /audit/export` without the database. A windowed
+    export starts mid-chain: it is checked from its first event's `prev_hash`, which must
+    equal the `last_hash` of the export before it (`starts_at_genesis` says which)."""
+    events = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            o = json.loads(line)
+            events.append(SimpleNamespace(id=o["id"], at=float(o["at"]), kind=o["kind"], actor=o.get("actor"),
+                                          request_id=o.get("request_id"), payload=canonical(o["payload"]),
+                                          prev_hash=o["prev_hash"], hash=o["hash"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"line {i} is not an audit event ({type(e).__name__}: {e})") from None
+    if not events:
+        raise ValueError("no audit events in the export")
+    ok, n, problem = verify_events(events, start=events[0].prev_hash)
+    return {"ok": ok, "events": n, "problem": problem, "first_id": events[0].id, "last_id": events[-1].id,
+            "starts_at_genesis": events[0].prev_hash == GENESIS, "first_prev_hash": events[0].prev_hash,
+            "last_hash": events[-1].hash}

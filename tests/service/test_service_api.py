@@ -294,6 +294,66 @@ def test_audit_report_rows_and_verify(svc):
     eng.dispose()
 
 
+def test_an_auditor_verifies_the_database_and_its_exports_offline(svc, tmp_path):
+    """`triage db verify` checks what `GET /audit/verify` checks without the service (exit 0
+    intact, 1 broken, 2 nothing to read), and re-verifies an export, windowed ones included."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from serving.cli import app
+
+    a = _client(svc, "auditor")
+    chat(_client(svc), "fell off a ladder", max_tokens=3)
+    t_mid = time.time()
+    chat(_client(svc), "cut finger while cooking", max_tokens=3)
+    svc.state.writer.sync(10)
+    run = CliRunner().invoke
+    r = run(app, ["db", "verify", "--db", svc.db_url])
+    assert r.exit_code == 0 and r.stdout.startswith("intact: "), r.output
+    # a whole export: from the genesis; its last hash anchors the next window
+    whole = tmp_path / "all.jsonl"
+    whole.write_text(a.get("/audit/export").text)
+    r = run(app, ["db", "verify", "--export", str(whole), "--json"])
+    res = json.loads(r.stdout)
+    assert r.exit_code == 0 and res["ok"] and res["starts_at_genesis"], r.output
+    assert res["events"] == len(whole.read_text().splitlines())
+    # a window: checked from its own first link, and said to be one
+    window = tmp_path / "window.jsonl"
+    window.write_text(a.get("/audit/export", params={"since": str(t_mid)}).text)
+    r = run(app, ["db", "verify", "--export", str(window), "--json"])
+    res = json.loads(r.stdout)
+    assert r.exit_code == 0 and res["ok"] and not res["starts_at_genesis"] and res["last_hash"] == json.loads(
+        whole.read_text().splitlines()[-1])["hash"], r.output
+    # one altered figure in an exported event breaks the chain at that event
+    lines = whole.read_text().splitlines()
+    ev = json.loads(lines[-1])
+    ev["payload"]["tampered"] = 1
+    lines[-1] = json.dumps(ev)
+    whole.write_text("\n".join(lines) + "\n")
+    r = run(app, ["db", "verify", "--export", str(whole)])
+    assert r.exit_code == 1 and f"event {ev['id']}: hash does not match" in r.stdout, r.output
+    # a database row altered behind the service's back
+    eng = create_engine(svc.db_url)
+    with eng.begin() as c:
+        rid, old = c.execute(text("SELECT id, ttft FROM requests ORDER BY arrival DESC LIMIT 1")).one()
+        c.execute(text("UPDATE requests SET ttft = :t WHERE id = :i"), {"t": (old or 1.0) * 2, "i": rid})
+    try:
+        r = run(app, ["db", "verify", "--db", svc.db_url])
+        assert r.exit_code == 1 and "BROKEN" in r.stdout and "requests: 1 sealed rows altered" in r.stdout, r.output
+    finally:
+        with eng.begin() as c:
+            c.execute(text("UPDATE requests SET ttft = :t WHERE id = :i"), {"t": old, "i": rid})
+        eng.dispose()
+    # nothing to verify: a clear error, and no empty database left behind
+    missing = tmp_path / "nowhere.db"
+    r = run(app, ["db", "verify", "--db", f"sqlite:///{missing}"])
+    assert r.exit_code == 2 and "no database at" in r.output and not missing.exists()
+    (tmp_path / "junk.jsonl").write_text("not json\n")
+    r = run(app, ["db", "verify", "--export", str(tmp_path / "junk.jsonl")])
+    assert r.exit_code == 2 and "line 1 is not an audit event" in r.output
+
+
 def test_metrics_and_health(svc):
     c = svc.client()
     assert c.get("/healthz").json() == {"ok": True}

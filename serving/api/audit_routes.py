@@ -14,7 +14,7 @@ import numpy as np
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from serving.api.errors import APIError
@@ -177,17 +177,22 @@ async def audit_verify_last(request: Request, _: AuditorKey) -> dict:
                                         "description": "audit events, one JSON object per line"}})
 async def audit_export(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None):
     """The hash-chained audit events as JSON lines (id, at, kind, actor, request_id,
-    payload, prev_hash, hash): enough to re-verify the chain elsewhere. No message text."""
+    payload, prev_hash, hash): enough to re-verify the chain elsewhere (`triage db verify
+    --export`). No message text. A window (`since`, `until`) is one unbroken piece of the
+    chain: from the first event at or after `since` to the last one before `until`, with
+    any event in between whose clock said otherwise (a record replayed from the outage
+    spool carries the time it happened)."""
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
     app = request.app
 
     def load():
         app.state.writer.sync(5.0)
         q = select(AuditEventRow).order_by(AuditEventRow.id)
+        ids = AuditEventRow.id
         if t0 is not None:
-            q = q.where(AuditEventRow.at >= t0)
+            q = q.where(ids >= select(func.min(ids)).where(AuditEventRow.at >= t0).scalar_subquery())
         if t1 is not None:
-            q = q.where(AuditEventRow.at < t1)
+            q = q.where(ids <= select(func.max(ids)).where(AuditEventRow.at < t1).scalar_subquery())
         with Session(app.state.db) as s:
             return [json.dumps({**_row_dict(e), "payload": json.loads(e.payload)}, sort_keys=True) + "\n"
                     for e in s.scalars(q)]

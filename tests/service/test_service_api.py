@@ -303,10 +303,17 @@ def test_an_auditor_verifies_the_database_and_its_exports_offline(svc, tmp_path)
 
     from serving.cli import app
 
+    from serving.db.writer import Record
+
     a = _client(svc, "auditor")
     chat(_client(svc), "fell off a ladder", max_tokens=3)
     t_mid = time.time()
     chat(_client(svc), "cut finger while cooking", max_tokens=3)
+    svc.state.writer.sync(10)
+    # an event whose clock is behind its place in the chain (as one replayed from the
+    # outage spool is), then one more call: a window still exports an unbroken piece
+    svc.state.writer.submit(Record("key.created", t_mid - 600, "cli", None, {"key_id": "replayed-from-spool"}))
+    chat(_client(svc), "bee sting, no swelling", max_tokens=3)
     svc.state.writer.sync(10)
     run = CliRunner().invoke
     r = run(app, ["db", "verify", "--db", svc.db_url])
@@ -318,13 +325,14 @@ def test_an_auditor_verifies_the_database_and_its_exports_offline(svc, tmp_path)
     res = json.loads(r.stdout)
     assert r.exit_code == 0 and res["ok"] and res["starts_at_genesis"], r.output
     assert res["events"] == len(whole.read_text().splitlines())
-    # a window: checked from its own first link, and said to be one
+    # a window: checked from its own first link, and said to be one; the late-clocked event is in it
     window = tmp_path / "window.jsonl"
     window.write_text(a.get("/audit/export", params={"since": str(t_mid)}).text)
     r = run(app, ["db", "verify", "--export", str(window), "--json"])
     res = json.loads(r.stdout)
     assert r.exit_code == 0 and res["ok"] and not res["starts_at_genesis"] and res["last_hash"] == json.loads(
         whole.read_text().splitlines()[-1])["hash"], r.output
+    assert "replayed-from-spool" in window.read_text()
     # one altered figure in an exported event breaks the chain at that event
     lines = whole.read_text().splitlines()
     ev = json.loads(lines[-1])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from predictors.adapter import AdaptError, SiteAdapter, compare, fit_adapter, promotion_verdict
@@ -35,6 +35,7 @@ from predictors.site_features import FEATURE_VERSION, VITALS_NAMES
 from serving.adapt.examples import load_log
 from serving.db.chain import GENESIS, canonical, event_hash
 from serving.db.models import AuditEventRow, SiteModelRow
+from serving.db.session import CHAIN_LOCK, SITE_LOCK, write_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ def general_fingerprint(urgency_dir: Path) -> str:
 def append_event(conn: Connection, kind: str, actor: str | None, payload: dict, at: float | None = None) -> None:
     """One audit event on the hash chain, inside the caller's transaction (same chain rule
     and lock as `serving.db.writer`)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(742617)"))
+    write_lock(conn, CHAIN_LOCK)
     at = time.time() if at is None else at
     prev = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar() or GENESIS
     body = canonical(payload)
@@ -158,8 +158,7 @@ class SiteRegistry:
         fig["training"] = {k: adapter.info[k] for k in ("n_train", "counts", "head", "l2", "trees", "budget_under_triage_1_2", "oof")}
         fig["training"].update(under_weight=adapter.under_weight, temperature=adapter.temperature, skipped=log_.skipped)
         with self.engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(742618)"))
+            write_lock(conn, SITE_LOCK)
             version = int(conn.execute(select(func.coalesce(func.max(SiteModelRow.version), 0))).scalar()) + 1
             path = self.root / f"v{version}"
             adapter.save(path)

@@ -4,10 +4,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import sessionmaker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+CHAIN_LOCK = 742617   # every writer of audit events (the last hash is read, then extended)
+SITE_LOCK = 742618    # site-model versions (the last version is read, then the next inserted)
+
+
+def write_lock(conn: Connection, key: int) -> None:
+    """Serialise this transaction's read-then-write with every other writer's, in any process:
+    two writers that both read the chain's last hash would fork the chain. PostgreSQL: a
+    transaction-scoped advisory lock on `key`. SQLite: the database's write lock, taken now
+    (BEGIN IMMEDIATE: pysqlite would begin only at the first write, after the read), unless
+    this transaction has written already and so holds it."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({int(key)})"))
+    elif conn.dialect.name == "sqlite" and not conn.connection.dbapi_connection.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str, *, busy_timeout_s: float = 2.0) -> Engine:

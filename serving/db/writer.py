@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 
 from serving.db.chain import GENESIS, canonical, event_hash, row_digest
 from serving.db.models import AuditEventRow, PriorityClassRow, RelabelExampleRow, RelabelRow, RequestRow
+from serving.db.session import CHAIN_LOCK, write_lock
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,6 @@ class AuditWriter:
         self.written = 0
         self.spooled = 0
         self.replays = 0
-        self._is_pg = engine.dialect.name == "postgresql"
         self._io = threading.Lock()   # held while a batch is written or spooled: never cut half-way
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -230,8 +230,7 @@ class AuditWriter:
 
     def _write(self, items: list[Record]) -> None:
         with self.engine.begin() as conn:
-            if self._is_pg:
-                conn.execute(text("SELECT pg_advisory_xact_lock(742617)"))
+            write_lock(conn, CHAIN_LOCK)
             last = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar()
             prev = last or GENESIS
             req_ids = [row["id"] for r in items if r.table == "requests" for row in r.rows]

@@ -127,6 +127,35 @@ def test_verify_reads_one_snapshot_while_requests_keep_finishing(db_url, tmp_pat
         other.dispose()
 
 
+def test_two_processes_writing_audit_events_at_once_keep_one_chain(db_url, tmp_path):
+    """The service's writer and a CLI command (`triage keys create`, `triage adapt`) append to
+    the chain at the same moment, each through its own connection: every event still links to
+    the one before it (neither reads a last hash the other is about to extend)."""
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record, verify
+
+    upgrade(db_url)
+    engines = [make_engine(db_url) for _ in range(2)]
+    writers = [AuditWriter(e, tmp_path / f"spool{i}.jsonl") for i, e in enumerate(engines)]
+    start = threading.Barrier(2)
+
+    def append(i: int) -> None:
+        start.wait()
+        for k in range(150):
+            writers[i].write_now([Record("key.created", time.time(), "cli", None, {"key_id": f"{i}-{k}"})])
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert verify(engines[0]) == {"ok": True, "events": 300, "problem": None}
+    finally:
+        for e in engines:
+            e.dispose()
+
+
 # --- outage ---------------------------------------------------------------------------------
 class TcpProxy:
     """Forwards 127.0.0.1:port to an upstream; cut() resets everything, restore() resumes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from serving.api.errors import APIError
+from serving.api.recorded import recorded
 from serving.api.schemas import RelabelBody
 from serving.auth import AdminKey, OperatorKey
 from serving.backends.base import BackendRefused
@@ -28,7 +29,7 @@ async def relabel(request: Request, request_id: str, body: RelabelBody, who: Ope
     site = getattr(request.app.state, "site", None)
     if site is not None and job is not None:
         site.record_relabel(job, body.level, who)   # the relabel log a site adapter learns from (serving/adapt)
-    return res
+    return {**res, "recorded": await recorded(request)}
 
 
 @router.get("/queue")

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from serving.api.errors import APIError
+from serving.api.recorded import recorded
 from serving.api.schemas import ClassesBody, RollbackBody
 from serving.auth import OperatorKey, StaffKey
 from serving.db.models import PriorityClassRow
@@ -70,7 +71,7 @@ async def put_classes(request: Request, body: ClassesBody, who: OperatorKey) -> 
         raise APIError(400, str(e), param="classes") from None
     if esc != "keep":
         apply_threshold(request.app.state.predictor, esc)
-    return current(request)
+    return {**current(request), "recorded": await recorded(request)}
 
 
 def load_versions(app) -> list[dict]:
@@ -122,4 +123,4 @@ async def rollback(request: Request, body: RollbackBody, who: OperatorKey) -> di
         raise APIError(409, f"cannot roll back to version {body.version}: {e}") from None
     if esc != "keep":
         apply_threshold(request.app.state.predictor, esc)
-    return current(request)
+    return {**current(request), "recorded": await recorded(request)}

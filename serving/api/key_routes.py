@@ -8,6 +8,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from serving import key_admin
 from serving.api.errors import APIError
+from serving.api.recorded import recorded
 from serving.api.schemas import KeyCreateBody
 from serving.auth import AdminKey
 
@@ -36,7 +37,7 @@ async def list_keys(request: Request, _: AdminKey) -> dict:
 async def create_key(request: Request, body: KeyCreateBody, who: AdminKey) -> dict:
     out, key, rec = await _db(key_admin.create, request.app.state.db, body.role, body.name, who.actor)
     request.app.state.writer.submit(rec)
-    return {**out, "key": key}
+    return {**out, "key": key, "recorded": await recorded(request)}
 
 
 @router.delete("/{key_id}")
@@ -44,7 +45,7 @@ async def revoke_key(request: Request, key_id: str, who: AdminKey) -> dict:
     out, rec = await _db(key_admin.revoke, request.app.state.db, key_id, who.actor)
     request.app.state.keys.forget(key_id)
     request.app.state.writer.submit(rec)
-    return out
+    return {**out, "recorded": await recorded(request)}
 
 
 @router.post("/{key_id}/rotate", status_code=201)
@@ -52,4 +53,4 @@ async def rotate_key(request: Request, key_id: str, who: AdminKey) -> dict:
     out, key, rec = await _db(key_admin.rotate, request.app.state.db, key_id, who.actor)
     request.app.state.keys.forget(key_id)
     request.app.state.writer.submit(rec)
-    return {**out, "key": key}
+    return {**out, "key": key, "recorded": await recorded(request)}

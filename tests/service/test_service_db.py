@@ -280,6 +280,52 @@ def test_sqlite_outage_loses_nothing(tmp_path, predictors_dir):
         _outage_run(srv, on, off, srv.state.db)
 
 
+def test_an_operator_change_is_acknowledged_once_its_audit_record_is_durable(tmp_path, predictors_dir):
+    """A relabel and a class edit answer 200 only when their audit records are in the
+    database or fsync'd to the spool, so a process killed right after the answer loses
+    neither. Here the SQLite file is locked by another connection: the writer waits out its
+    busy timeout, spools, and only then does the operator get the answer."""
+    path = tmp_path / "ack.db"
+    url = f"sqlite:///{path}"
+    keys = make_keys(url)
+    with Server(make_settings(url, tmp_path, predictors_dir, writer_interval_s=0.2)) as srv:
+        op, admin = srv.client(keys["operator"]), srv.client(keys["admin"])
+        call = threading.Thread(target=chat, args=(srv.client(keys["client"]), "a long routine question"),
+                                kwargs={"max_tokens": 400})
+        call.start()
+        deadline = time.monotonic() + 20
+        while not (running := op.get("/admin/queue").json()["running_requests"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running, "the call never ran"
+        srv.state.writer.sync(10)
+        lock = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        try:
+            classes = op.get("/admin/classes").json()
+            classes["classes"][4]["ttft"] += 1.0
+            answers = {
+                "relabel": op.patch(f"/admin/requests/{running[0]['request_id']}", json={"level": 2, "reason": "stroke signs"}),
+                "classes": op.put("/admin/classes", json={"classes": classes["classes"], "reason": "night shift"}),
+            }
+            spooled = srv.state.writer.spool_lines()   # read at once, before the lock goes
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        assert {k: r.status_code for k, r in answers.items()} == {"relabel": 200, "classes": 200}
+        assert all(r.json()["recorded"] is True for r in answers.values()), {k: r.text for k, r in answers.items()}
+        assert spooled >= 2, "an operator was answered before the change's record was durable"
+        deadline = time.monotonic() + 30
+        while srv.state.writer.spool_lines() > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        a = srv.client(keys["auditor"])
+        call.join(60)
+        assert a.get(f"/audit/requests/{running[0]['request_id']}").json()["relabels"][0]["reason"] == "stroke signs"
+        assert a.get("/admin/classes/history").json()["versions"][0]["reason"] == "night shift"
+        key = admin.post("/admin/keys", json={"role": "auditor", "name": "inspector"})   # the database is back
+        assert key.status_code == 201 and key.json()["recorded"] is True
+        assert a.get("/audit/verify").json()["ok"] is True
+
+
 @pytest.mark.postgres
 def test_postgres_outage_loses_nothing(tmp_path, predictors_dir):
     from serving.db.session import make_engine

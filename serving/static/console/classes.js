@@ -1,6 +1,6 @@
 // Priority classes: the table in force, an editor with validation and a diff against the
 // current version, the version history (author, time, reason) and roll-back.
-import {api, badge, el, fmt, say, scroll, state, table, when} from "./common.js";
+import {api, badge, el, fmt, sayDone, scroll, state, table, when} from "./common.js";
 
 const FIELDS = [["name", "Name", "text"], ["weight", "Weight", "number"], ["ttft", "TTFT SLO (s)", "number"], ["tpot", "TPOT SLO (s)", "number"]];
 const GLOBALS = [["w_first", "First-token weight w_first"], ["w_decode", "Decode weight w_decode"],
@@ -138,7 +138,7 @@ async function save() {
     hideDiff();
     document.getElementById("class-reason").value = "";
     await load();
-    say(`Saved version ${res.version}.`, "ok");
+    sayDone(`Saved version ${res.version}.`, res);
     document.getElementById("cur-version").focus?.();
   } catch (e) {
     document.getElementById("class-error").textContent = `Not saved: ${e.message}`;
@@ -181,7 +181,7 @@ function rollbackDialog() {
       const res = await api("/admin/classes/rollback", {method: "POST", body: {version: Number(d.dataset.version), reason: document.getElementById("rb-reason").value.trim() || null}});
       d.close();
       await load();
-      say(`Rolled back: version ${res.version} now equals version ${d.dataset.version}.`, "ok");
+      sayDone(`Rolled back: version ${res.version} now equals version ${d.dataset.version}.`, res);
     } catch (e) { document.getElementById("rb-error").textContent = e.message; }
   });
   d.append(form);

@@ -65,6 +65,16 @@ export function say(msg, kind = "") {
   if (msg && kind !== "error") statusTimer = setTimeout(() => { s.textContent = ""; }, 8000);
 }
 
+// An operator's change is answered once its audit record is durable (`recorded`); false
+// means the audit database did not answer in time: the change holds, its record waits.
+export function sayDone(msg, res) {
+  if (res && res.recorded === false) {
+    say(`${msg} Its audit record is not written yet (the audit database is not answering); it will be when the database is back.`, "error");
+  } else {
+    say(msg, "ok");
+  }
+}
+
 export function table(caption, headers, opts = {}) {
   const t = el("table", {id: opts.id, class: opts.class});
   if (caption) t.append(el("caption", {class: opts.captionVisible ? "" : "sr-only", text: caption}));

@@ -1,6 +1,6 @@
 // Live queue: waiting and running requests by level, pushed by the server (SSE) twice a
 // second. Operators see the first words of each message and relabel from the row.
-import {api, badge, el, levelName, say, scroll, secs, state, table} from "./common.js";
+import {api, badge, el, levelName, sayDone, scroll, secs, state, table} from "./common.js";
 
 let view = null;
 let paused = false;
@@ -170,7 +170,7 @@ async function submitRelabel(ev) {
     for (const list of [view.waiting, view.running]) list.sort((a, b) => a.level - b.level);
     document.getElementById("relabel-dialog").close();
     if (!paused) draw();
-    say(`Moved ${target.request_id} from level ${res.from_level} to level ${res.to_level}.`, "ok");
+    sayDone(`Moved ${target.request_id} from level ${res.from_level} to level ${res.to_level}.`, res);
   } catch (e) {
     err.textContent = `Relabel failed: ${e.message}`;
   }

@@ -166,9 +166,14 @@ class AuditWriter:
                             items.append(nxt)
                 except queue.Empty:
                     pass
-                self._handle(items)
+                n = len(items)
+                try:
+                    self._handle(items)
+                except Exception:   # the writer must outlive any one batch: there is no other
+                    log.exception("audit writer: a batch failed unexpectedly; spooling its %d records", len(items))
+                    self._spool_anyway(items)   # those not yet written or spooled (`_handle` clears them)
             with self._cv:
-                self._done += len(items)
+                self._done += n
                 self._cv.notify_all()
             if self._stop.is_set() and self._q.empty():
                 return
@@ -178,6 +183,7 @@ class AuditWriter:
         if spool_has:
             if items:
                 self._append_spool(items)
+                items.clear()   # durable: whatever the replay below meets
             if time.monotonic() >= self._next_retry:
                 self._replay()
             return
@@ -186,10 +192,12 @@ class AuditWriter:
         try:
             self._write(items)
             self.written += len(items)
+            items.clear()
             self._set_ok(True)
         except Exception as e:
             log.warning("audit database write failed (%s); spooling %d records to %s", type(e).__name__, len(items), self.spool_path)
             self._append_spool(items)
+            items.clear()
             self._set_ok(False)
             self._next_retry = time.monotonic() + self.retry_s
 
@@ -200,17 +208,63 @@ class AuditWriter:
         self.on_state("ok" if ok else "spooling", self.spool_lines() if not ok else 0)
 
     def _append_spool(self, items: list[Record]) -> None:
-        with self.spool_path.open("a", encoding="utf-8") as f:
-            for r in items:
-                f.write(json.dumps(asdict(r), separators=(",", ":")) + "\n")
+        with self.spool_path.open("a+b") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end:   # a line cut short by a process that died mid-append stays a line of its own
+                f.seek(end - 1)
+                torn = f.read(1) != b"\n"
+                f.seek(0, os.SEEK_END)
+                if torn:
+                    f.write(b"\n")
+            f.write(b"".join(json.dumps(asdict(r), separators=(",", ":")).encode() + b"\n" for r in items))
             f.flush()
             os.fsync(f.fileno())
         self.spooled += len(items)
 
+    def _spool_anyway(self, items: list[Record]) -> None:
+        try:
+            if items:
+                self._append_spool(items)
+        except OSError:
+            log.error("audit writer: %d records could be neither written nor spooled (%s)", len(items), self.spool_path)
+        self._set_ok(False)
+        self._next_retry = time.monotonic() + self.retry_s
+
+    def _read_spool(self) -> list[Record]:
+        """The spool's records. A line that does not parse can only be one the process was
+        appending when it died (so its record was never acknowledged): it is moved, bytes
+        as they were, to `<spool>.torn` for inspection, and the rest replays."""
+        recs: list[Record] = []
+        torn: list[bytes] = []
+        good: list[bytes] = []
+        with self.spool_path.open("rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    recs.append(Record(**json.loads(line)))
+                    good.append(line if line.endswith(b"\n") else line + b"\n")
+                except (ValueError, TypeError):
+                    torn.append(line if line.endswith(b"\n") else line + b"\n")
+        if torn:
+            side = self.spool_path.with_name(self.spool_path.name + ".torn")
+            with side.open("ab") as f:
+                f.write(b"".join(torn))
+                f.flush()
+                os.fsync(f.fileno())
+            tmp = self.spool_path.with_suffix(".tmp")
+            with tmp.open("wb") as f:
+                f.write(b"".join(good))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.spool_path)
+            log.warning("audit spool: %d unreadable line(s), cut short by a process that died while writing, "
+                        "moved to %s; %d records replay", len(torn), side, len(recs))
+        return recs
+
     def _replay(self) -> None:
         try:
-            with self.spool_path.open(encoding="utf-8") as f:
-                recs = [Record(**json.loads(line)) for line in f if line.strip()]
+            recs = self._read_spool()
         except FileNotFoundError:
             return
         try:

@@ -326,6 +326,51 @@ def test_an_operator_change_is_acknowledged_once_its_audit_record_is_durable(tmp
         assert a.get("/audit/verify").json()["ok"] is True
 
 
+def test_a_spool_line_cut_short_by_a_crash_is_set_aside_and_everything_else_is_written(tmp_path):
+    """A process killed while appending to the outage spool leaves a torn last line. The next
+    start must not stop auditing over it: the torn bytes go to `<spool>.torn`, the whole
+    records before it and every record spooled after it (while the database is still
+    locked) are written once the database answers, and the chain verifies."""
+    import json
+    from dataclasses import asdict
+
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record, verify
+
+    path = tmp_path / "torn.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    spool = tmp_path / "spool.jsonl"
+    whole = json.dumps(asdict(Record("key.created", time.time(), "cli", None, {"key_id": "before-the-crash"})))
+    cut = json.dumps(asdict(Record("key.revoked", time.time(), "cli", None, {"key_id": "mid-append"})))[:37]
+    spool.write_text(whole + "\n" + cut)   # no newline: the process died inside this line
+    lock = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")   # the database is still out when the writer starts
+    eng = make_engine(url)
+    writer = AuditWriter(eng, spool, interval_s=0.05, retry_s=0.2).start()
+    try:
+        writer.submit(Record("key.created", time.time(), "cli", None, {"key_id": "after-the-restart"}))
+        assert writer.sync(10), "the writer stopped"
+        lines = spool.read_text().splitlines()
+        assert all(json.loads(line)["kind"] for line in lines), lines   # every spooled record is a whole line
+        lock.execute("ROLLBACK")
+        lock.close()
+        deadline = time.monotonic() + 20
+        while writer.spool_lines() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writer.spool_lines() == 0
+        with eng.connect() as c:
+            keys = [json.loads(p)["key_id"] for p in c.exec_driver_sql("SELECT payload FROM audit_events ORDER BY id").scalars()]
+        assert keys == ["before-the-crash", "after-the-restart"]
+        assert (tmp_path / "spool.jsonl.torn").read_text() == cut + "\n"
+        assert verify(eng)["ok"] is True
+        writer.submit(Record("key.created", time.time(), "cli", None, {"key_id": "later"}))
+        assert writer.sync(10) and verify(eng)["events"] == 3
+    finally:
+        writer.stop()
+        eng.dispose()
+
+
 @pytest.mark.postgres
 def test_postgres_outage_loses_nothing(tmp_path, predictors_dir):
     from serving.db.session import make_engine

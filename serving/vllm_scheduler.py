@@ -46,7 +46,7 @@ from vllm.v1.request import RequestStatus
 
 from serving.instance.fields import request_fields
 from serving.instance.load import load_snapshot
-from triage.classes import PriorityClasses, load_classes
+from triage.classes import ClassError, PriorityClasses, load_classes
 from triage.estimators import Work
 from triage.kv import CacheCosts, KVCache
 from triage.plan import BatchPlan, Preemption
@@ -169,6 +169,7 @@ class TriageStats:
     vllm_preemptions: int = 0          # victims vLLM chose itself (a mismatch)
     relabels: int = 0
     class_edits: int = 0
+    control_refused: int = 0           # relabels and class edits refused (a bad level or table)
     last_step_s: float | None = None
     last_plan_s: float | None = None
     plan_overhead_s_max: float = 0.0
@@ -242,7 +243,9 @@ class TriageScheduler(Scheduler):
         sp = request.sampling_params
         xa = request_fields(sp.extra_args, request.arrival_time) if sp is not None else {}  # nested or flat wire keys
         classes = self.tstate.classes
-        level = int(xa.get("level", request.priority if request.priority in classes.classes else classes.least_urgent))
+        level = xa.get("level")
+        if level not in classes.classes:   # absent, or a level this table lacks (any client may send one)
+            level = request.priority if request.priority in classes.classes else classes.least_urgent
         c = classes.get(level)
         max_tokens = int(request.max_tokens or 1)
         r = Request(
@@ -304,6 +307,10 @@ class TriageScheduler(Scheduler):
         and `steps` answer at once. Reached from the client through EngineCore's
         utility dispatch (`call_utility_async("triage_control", op, payload)`)."""
         if op in ("relabel", "set_classes", "set_learnt"):
+            why = self._refuse_control(op, payload)
+            if why is not None:   # checked here, at the door: applied inside a step, it would end the engine
+                self.tstats.control_refused += 1
+                return {"refused": why}
             self._control.append((op, payload))
             return True
         if op == "stats":
@@ -318,24 +325,58 @@ class TriageScheduler(Scheduler):
             return self.tstate.estimator.learnt()
         raise ValueError(f"unknown triage control op {op!r}")
 
+    def _next_classes(self) -> PriorityClasses:
+        """The class table from the next step on: the last queued edit's, else the one in force
+        (an idle engine takes a queued edit at its next request's first step)."""
+        for op, p in reversed(self._control):
+            if op == "set_classes":
+                return p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p)
+        return self.tstate.classes
+
+    def next_classes_version(self) -> int:
+        return self._next_classes().version
+
+    def _refuse_control(self, op: str, p: Any) -> str | None:
+        """Why a relabel or class edit cannot be applied (None: it can): a malformed table, an
+        unknown level, or a table without a level that live requests hold."""
+        try:
+            if op == "set_classes":
+                table = p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p)
+                held = {r.level for r in self.tstate.requests.values()} - set(table.levels)
+                return f"levels {sorted(held)} are held by live requests" if held else None
+            if op == "relabel":
+                level = p.get("level")
+                if level is not None:
+                    self._next_classes().get(int(level))
+        except (ClassError, KeyError, TypeError, ValueError, AttributeError) as e:
+            return str(e) or type(e).__name__
+        return None
+
     def _apply_control(self) -> None:
-        st = self.tstate
         while self._control:
             op, p = self._control.popleft()
-            if op == "relabel":
-                rid = self._external.get(str(p["id"]), str(p["id"]))
-                level = p.get("level")
-                if rid in st.requests:
-                    st.relabel(rid, None if level is None else int(level))
-                    req = self.requests.get(rid)
-                    if req is not None and level is not None:
-                        req.priority = int(level)  # vLLM's own fallback orders agree
-                    self.tstats.relabels += 1
-            elif op == "set_learnt":
-                self.tstate.estimator.set_learnt(p)
-            elif op == "set_classes":
-                st.set_classes(p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p))
-                self.tstats.class_edits += 1
+            try:
+                self._apply_one(op, p)
+            except (ClassError, KeyError, TypeError, ValueError) as e:   # never the step's end
+                self.tstats.control_refused += 1
+                log.warning("triage control %s not applied: %s", op, e)
+
+    def _apply_one(self, op: str, p: Any) -> None:
+        st = self.tstate
+        if op == "relabel":
+            rid = self._external.get(str(p["id"]), str(p["id"]))
+            level = p.get("level")
+            if rid in st.requests:
+                st.relabel(rid, None if level is None else int(level))
+                req = self.requests.get(rid)
+                if req is not None and level is not None:
+                    req.priority = int(level)  # vLLM's own fallback orders agree
+                self.tstats.relabels += 1
+        elif op == "set_learnt":
+            self.tstate.estimator.set_learnt(p)
+        elif op == "set_classes":
+            st.set_classes(p if isinstance(p, PriorityClasses) else PriorityClasses.from_dict(p))
+            self.tstats.class_edits += 1
 
     def triage_stats(self) -> dict:
         s = self.tstats

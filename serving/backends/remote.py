@@ -207,12 +207,13 @@ class RemoteBackend:
             queue_order = "level" if pol_order == "level" or settings.policy in ("triage", "slidebatching") else "arrival"
 
         self.router.bind_policy(_Local)
-        timing = Timing(poll_s=settings.remote_poll_s, idle_poll_s=settings.remote_idle_poll_s,
-                        down_after_s=settings.remote_down_after_s,
-                        max_stale_s=settings.remote_max_stale_s)
+        self.timing = timing = Timing(poll_s=settings.remote_poll_s, idle_poll_s=settings.remote_idle_poll_s,
+                                      down_after_s=settings.remote_down_after_s,
+                                      max_stale_s=settings.remote_max_stale_s)
         self.instances = [RemoteInstance(i, u, self.profile.estimator(), timing) for i, u in enumerate(self.urls)]
         self.instance = "remote"
         self.dispatch = Dispatch()
+        self._classes_warned: dict[str, int] = {}
         self._where: dict[str, RemoteInstance] = {}
         self._aborted: set[str] = set()
         self._moving: dict[str, int] = {}   # id -> the instance it is being moved to (rebalance)
@@ -293,6 +294,8 @@ class RemoteBackend:
             self._tasks.append(asyncio.create_task(i.health_loop(poll, model, self.settings.remote_require_triage),
                                                    name=f"health-{i.index}"))
             self._tasks.append(asyncio.create_task(i.load_loop(poll), name=f"load-{i.index}"))
+        await self.push_classes()   # this front end's table (the latest version in its database)
+        self._tasks.append(asyncio.create_task(self._classes_loop(), name="classes"))
         if self.settings.remote_steal and len(self.instances) > 1:
             self._tasks.append(asyncio.create_task(self._rebalance_loop(), name="rebalance"))
         log.info("remote backend: router %s over %d instances (%d in rotation)", self.router_name,
@@ -636,16 +639,36 @@ class RemoteBackend:
 
     async def set_classes(self, classes: PriorityClasses) -> None:
         self.classes = classes
+        await self.push_classes()
+
+    async def push_classes(self) -> None:
+        """Every instance in rotation that runs our scheduler schedules with this front end's
+        class table: sent at each edit, once to each instance that joins or rejoins (it may
+        have restarted with the table it started with, or missed an edit while out), and again
+        whenever its snapshot shows another version or a push failed. Runs every health period."""
         if self._client is None:
             return
+        v, table = self.classes.version, self.classes.to_dict()
         for i in self.instances:
-            if i.available and i.has_triage:
-                try:
-                    async with self._client.post(i.url + "/triage/classes", json=classes.to_dict(),
-                                                 timeout=aiohttp.ClientTimeout(total=2.0)):
-                        pass
-                except CLIENT_ERRORS as e:
-                    log.warning("class edit on %s failed: %s", i.url, e)
+            if not (i.available and i.has_triage) or (i.classes_sent == v and i.classes_version in (None, v)):
+                continue
+            try:
+                async with self._client.post(i.url + "/triage/classes", json=table,
+                                             timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                    if r.status >= 300:
+                        raise ValueError(f"answered {r.status}")
+                i.classes_sent = i.classes_version = v
+                log.info("instance %s schedules with class table version %d", i.url, v)
+            except (*CLIENT_ERRORS, ValueError) as e:
+                first = self._classes_warned.get(i.url) != v   # once per version and instance, then quietly
+                self._classes_warned[i.url] = v
+                (log.warning if first else log.debug)("class table version %d not taken by %s (%s); tried again "
+                                                      "every %.1f s", v, i.url, e, self.timing.health_s)
+
+    async def _classes_loop(self) -> None:
+        while True:
+            await self.push_classes()
+            await asyncio.sleep(self.timing.health_s)
 
     def step_stats(self) -> dict:
         return {"router": self.router_name, **self.dispatch.as_dict(),

@@ -135,6 +135,8 @@ class RemoteInstance:
         self.max_model_len: int | None = None
         self.snapshot: dict | None = None
         self.snap_at = 0.0              # time.time() when the snapshot arrived here
+        self.classes_version: int | None = None   # the class table the engine schedules with (snapshot)
+        self.classes_sent: int | None = None      # the front end's version it took since it joined
         self.metrics: dict[str, float] | None = None
         self.metrics_at = 0.0
         self.sent: dict[str, Sent] = {}
@@ -153,6 +155,7 @@ class RemoteInstance:
         return self.state == UP
 
     def mark_down(self, why: str) -> None:
+        self.classes_sent = None   # it may come back restarted, with the class table it started with
         if self.state == UP:
             self.counters["went_down"] += 1
             log.warning("instance %s out of rotation: %s", self.url, why)
@@ -225,6 +228,8 @@ class RemoteInstance:
     def take_snapshot(self, snap: dict, now: float) -> None:
         self.snapshot = snap
         self.snap_at = now
+        if snap.get("classes_version") is not None:
+            self.classes_version = int(snap["classes_version"])
         self.done_recent = {k: t for k, t in self.done_recent.items() if t > now - self.timing.poll_s * 4}
         e = snap.get("estimator") or {}
         for k in ("a_p", "b_p", "c_p", "a_d", "b_d", "t_c"):

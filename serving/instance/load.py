@@ -43,7 +43,7 @@ def load_snapshot(sched) -> dict[str, Any]:
         "block_size": int(sched.block_size), "kv_blocks": int(st.kv.num_blocks),
         "free_blocks": int(sched.kv_cache_manager.block_pool.get_num_free_blocks()),
         "max_num_seqs": int(sched.max_num_active_reqs), "max_model_len": int(sched.max_model_len),
-        "classes_version": st.classes.version, "estimator": e,
+        "classes_version": sched.next_classes_version(), "estimator": e,   # a queued edit's: next step's table
         "waiting": [_row(r, cid, now) for r in st.waiting],
         "running": [_row(r, cid, now) for r in st.running],
         "stats": stats,

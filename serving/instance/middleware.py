@@ -11,7 +11,9 @@ This pure ASGI middleware answers one path and hands everything else to vLLM unc
 
     POST /triage/relabel  {"id": front end's request id, "level": n}  -> 202
     POST /triage/classes  PriorityClasses.to_dict()                   -> 202
-                         (queued for the scheduler's next step, as in process)
+                         (queued for the scheduler's next step, as in process; checked
+                         first: an unknown level, a malformed table or one without a level
+                         that live requests hold -> 400 with the reason)
 
 It reaches the scheduler through vLLM's engine client (EngineCore utility call
 `triage_control("load")`), answered between two engine steps. The snapshot holds
@@ -104,9 +106,11 @@ class TriageLoad:
         if core is None:
             return await _json(send, 503, {"error": "the engine client is not ready"})
         try:
-            await asyncio.wait_for(core.call_utility_async("triage_control", op, payload), TIMEOUT_S)
+            res = await asyncio.wait_for(core.call_utility_async("triage_control", op, payload), TIMEOUT_S)
         except asyncio.TimeoutError:
             return await _json(send, 503, {"error": f"the engine did not answer within {TIMEOUT_S} s"})
         except Exception as e:
             return await _json(send, 501, {"error": f"this engine does not run our scheduler class ({type(e).__name__})"})
+        if isinstance(res, dict) and res.get("refused"):   # an unknown level, a malformed table
+            return await _json(send, 400, {"error": f"{op} refused: {res['refused']}"})
         return await _json(send, 202, {"queued": op})

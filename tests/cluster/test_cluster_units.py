@@ -473,3 +473,71 @@ def test_a_call_waits_for_an_instance_to_rejoin_from_when_none_was_left(monkeypa
 
 async def _collect(gen):
     return [ev async for ev in gen]
+
+
+def test_every_instance_in_rotation_schedules_with_the_front_ends_class_table():
+    """The class table reaches each instance at an edit, and again when one missed it (out of
+    rotation at the time), restarted with the table it started with (its snapshot shows
+    another version), or refused it (answered 5xx): the front end's and the engines' notion
+    of each level's weight and SLOs never part for longer than a health period."""
+    from aiohttp import web
+
+    from serving.backends.remote import RemoteBackend
+    from serving.settings import Settings
+    from triage.classes import PriorityClasses, load_classes
+
+    async def run():
+        got: list[list[int]] = [[], []]
+        refuse = [1, 0]   # instance 0 refuses its first push
+
+        def app(k):
+            async def classes(request):
+                body = await request.json()
+                if refuse[k]:
+                    refuse[k] -= 1
+                    return web.json_response({"error": "engine busy"}, status=503)
+                got[k].append(body["version"])
+                return web.json_response({"ok": True}, status=202)
+            a = web.Application()
+            a.router.add_post("/triage/classes", classes)
+            return a
+
+        runners = [web.AppRunner(app(k)) for k in range(2)]
+        ports = []
+        for r in runners:
+            await r.setup()
+            site = web.TCPSite(r, "127.0.0.1", 0)
+            await site.start()
+            ports.append(site._server.sockets[0].getsockname()[1])
+        urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+        base = load_classes()
+        b = RemoteBackend(Settings(backend="remote", instances=urls, db_url="sqlite:////tmp/unused.db"), base)
+        b._client = aiohttp.ClientSession()
+        i0, i1 = b.instances
+        for i in b.instances:
+            i.checked, i.has_triage, i.classes_version = True, True, base.version
+        i0.state, i1.state = UP, DOWN
+        try:
+            await b.push_classes()                    # start: instance 0 refuses, 1 is out
+            assert got == [[], []]
+            await b.push_classes()                    # the next health period: 0 takes it
+            assert got == [[base.version], []]
+            edited = PriorityClasses(base.classes, base.version + 1, base.w_first, base.w_decode)
+            await b.set_classes(edited)               # an edit while 1 is still out
+            assert got == [[base.version, edited.version], []]
+            i1.state = UP                             # 1 rejoins: it gets the table it missed
+            await b.push_classes()
+            assert got == [[base.version, edited.version], [edited.version]]
+            await b.push_classes()                    # nothing to do: no push repeated
+            assert got == [[base.version, edited.version], [edited.version]]
+            i0.mark_down("restarted")                 # 0 comes back restarted, at its start-up table
+            i0.state = UP
+            i0.take_snapshot({"classes_version": base.version}, time.time())
+            await b.push_classes()
+            assert got[0] == [base.version, edited.version, edited.version] and i0.classes_version == edited.version
+        finally:
+            await b._client.close()
+            for r in runners:
+                await r.cleanup()
+
+    asyncio.run(run())

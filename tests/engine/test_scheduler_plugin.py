@@ -234,6 +234,42 @@ def test_set_classes_applies_at_next_step():
     assert s.triage_stats()["class_edits"] == 1
 
 
+def test_a_bad_relabel_or_class_table_is_refused_at_the_door_and_the_engine_steps_on():
+    """A relabel to an unknown level, a malformed class table, or a table without a level a
+    live request holds is refused when it is sent, with the reason (a `triage instance`
+    answers 400); applied inside the next step it would raise there and end the engine. A
+    queued edit's version is what the load snapshot reports until the step applies it."""
+    from serving.instance.load import load_snapshot
+
+    s = make(num_blocks=200, block_size=16, max_num_seqs=4)
+    add(s, "a", 64, 3, max_tokens=20)
+    step(s)
+    classes = load_classes()
+    refused = {
+        "relabel to 9": s.triage_control("relabel", {"id": "a", "level": 9}),
+        "rows without fields": s.triage_control("set_classes", {"classes": [{"level": 1}]}),
+        "level 3 dropped": s.triage_control("set_classes", {**classes.to_dict(), "version": 7,
+                                            "classes": [c for c in classes.to_dict()["classes"] if c["level"] != 3]}),
+    }
+    assert all(isinstance(r, dict) and r["refused"] for r in refused.values()), refused
+    assert "9" in refused["relabel to 9"]["refused"] and "[3]" in refused["level 3 dropped"]["refused"]
+    edited = classes.edited(dict(classes.classes))
+    assert s.triage_control("set_classes", edited.to_dict()) is True
+    assert load_snapshot(s)["classes_version"] == edited.version   # queued: the next step's table
+    assert s.tstate.classes.version == classes.version
+    for _ in range(25):   # the engine steps on and the call ends in full
+        step(s)
+    assert s.tstate.classes.version == edited.version
+    assert "a" not in s.requests and s.triage_stats()["control_refused"] == 3
+    # a client's own `triage_level` outside the table: served at its `priority`'s level, or the least urgent
+    add(s, "odd", 32, 9, max_tokens=3, priority=2)
+    add(s, "odder", 32, 0, max_tokens=3, priority=99)
+    assert s.tstate.requests["odd"].level == 2 and s.tstate.requests["odder"].level == classes.least_urgent
+    for _ in range(6):
+        step(s)
+    assert not ({"odd", "odder"} & set(s.requests))
+
+
 def test_bench_peers_on_the_burst_serves_every_call_and_says_what_each_scheduler_costs_a_step():
     """`triage bench peers --scenario burst`: vLLM's two policies and ours on bench serve's
     burst (its calls, its engine sizes). Every call is served by every scheduler; each row

@@ -164,6 +164,32 @@ def test_stream_end_to_end_and_the_instance_scheduler_sees_our_level(front, inst
     assert audit.outcome in ("ok", "length") and audit.instance == inst_url and audit.output_tokens == 160
 
 
+def test_an_operators_class_edit_reaches_every_instances_scheduler(front, instances):
+    """The engines behind the front end schedule with the class table the operator just saved:
+    each instance's own `/triage/load` reports the new version."""
+    op = httpx.Client(base_url=front.url, headers={"Authorization": f"Bearer {front.keys['operator']}"}, timeout=30)
+    cur = op.get("/admin/classes").json()
+    cur["classes"][3]["weight"] += 0.5
+    saved = op.put("/admin/classes", json={"classes": cur["classes"], "reason": "heavier level 4 at night"})
+    assert saved.status_code == 200 and saved.json()["version"] == cur["version"] + 1, saved.text
+    deadline = time.time() + 10
+    versions = {}
+    while time.time() < deadline:
+        versions = {u: httpx.get(u + "/triage/load", timeout=10).json()["classes_version"] for u, _ in instances}
+        if set(versions.values()) == {cur["version"] + 1}:
+            break
+        time.sleep(0.2)
+    assert set(versions.values()) == {cur["version"] + 1}, versions
+    # what the instance cannot apply it refuses at the door, and serves on
+    u = instances[0][0]
+    bad = {"/triage/relabel": {"id": "req-x", "level": 9}, "/triage/classes": {"classes": [{"level": 1}]}}
+    for path, body in bad.items():
+        r = httpx.post(u + path, json=body, timeout=10)
+        assert r.status_code == 400 and "refused" in r.json()["error"], (path, r.text)
+    done = httpx.post(u + "/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4}, timeout=120)
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
+
+
 def test_a_prefix_cache_reset_names_what_the_instances_lack(front):
     """Through the remote backend the reset goes to each instance's vLLM dev endpoint; these
     instances run without VLLM_SERVER_DEV_MODE, so the admin is told so (409), not a 500."""

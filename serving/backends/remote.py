@@ -612,9 +612,10 @@ class RemoteBackend:
             return
         try:
             async with self._client.post(inst.url + "/triage/relabel", json={"id": request_id, "level": int(level)},
-                                         timeout=aiohttp.ClientTimeout(total=2.0)):
-                pass
-        except CLIENT_ERRORS as e:
+                                         timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                if r.status >= 300:
+                    raise ValueError(f"answered {r.status}: {(await r.text())[:200]}")
+        except (*CLIENT_ERRORS, ValueError) as e:
             log.warning("relabel of %s on %s failed: %s", request_id, inst.url, e)
 
     async def reset_prefix_cache(self) -> bool:

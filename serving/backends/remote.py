@@ -668,7 +668,10 @@ class RemoteBackend:
 
     async def _classes_loop(self) -> None:
         while True:
-            await self.push_classes()
+            try:
+                await self.push_classes()
+            except Exception:   # one bad round must not end the syncing for good
+                log.exception("class table sync failed this round")
             await asyncio.sleep(self.timing.health_s)
 
     def step_stats(self) -> dict:

@@ -430,6 +430,8 @@ class RemoteInstance:
                             self.heard_from(self.metrics_at)
                 except (*CLIENT_ERRORS, ValueError) as e:
                     log.debug("load poll of %s failed: %s", self.url, e)
+                except Exception as e:   # a snapshot of another shape: the poll goes on, routing on the ledger
+                    log.warning("load poll of %s: unreadable snapshot (%s: %s)", self.url, type(e).__name__, e)
             routing = time.time() - self.last_sent <= t.busy_s
             period = t.poll_s if routing else max(t.poll_s, t.idle_poll_s)
             try:   # a dispatch after a quiet spell cuts the idle wait short

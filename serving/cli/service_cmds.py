@@ -203,6 +203,9 @@ def db_verify(
     and present. Exit 0: intact; 1: a problem (printed); 2: nothing readable to verify."""
     import json
 
+    if export is not None and db is not None:
+        typer.echo("error: give --db or --export, not both", err=True)
+        raise typer.Exit(2)
     if export is not None:
         from serving.db.chain import verify_export
 

@@ -357,6 +357,8 @@ def test_an_auditor_verifies_the_database_and_its_exports_offline(svc, tmp_path)
     missing = tmp_path / "nowhere.db"
     r = run(app, ["db", "verify", "--db", f"sqlite:///{missing}"])
     assert r.exit_code == 2 and "no database at" in r.output and not missing.exists()
+    r = run(app, ["db", "verify", "--db", svc.db_url, "--export", str(window)])
+    assert r.exit_code == 2 and "not both" in r.output
     (tmp_path / "junk.jsonl").write_text("not json\n")
     r = run(app, ["db", "verify", "--export", str(tmp_path / "junk.jsonl")])
     assert r.exit_code == 2 and "line 1 is not an audit event" in r.output

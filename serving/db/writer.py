@@ -307,6 +307,11 @@ class AuditWriter:
                 prev = h
 
 
+# event kind -> (table whose rows it seals, model, whether the row has a database key of its own)
+SEALED = {"request.finished": ("requests", RequestRow, False), "relabel": ("relabels", RelabelRow, True),
+          "relabel.example": ("relabel_examples", RelabelExampleRow, True)}
+
+
 def verify(engine: Engine) -> dict[str, Any]:
     """Recompute the chain and check that every sealed row is unchanged and present.
 
@@ -320,18 +325,16 @@ def verify(engine: Engine) -> dict[str, Any]:
         ok, n, problem = verify_events(events)
         if not ok:
             return {"ok": False, "events": n, "problem": problem}
-        sealed: dict[str, list[str]] = {"requests": [], "relabels": []}
-        kinds = {"request.finished": "requests", "relabel": "relabels"}
+        sealed: dict[str, list[str]] = {table: [] for table, _, _ in SEALED.values()}
         for e in events:
-            t = kinds.get(e.kind)
-            if t:
-                sealed[t].extend(json.loads(e.payload).get("row_sha256", []))
-        for table, model in (("requests", RequestRow), ("relabels", RelabelRow)):
+            if e.kind in SEALED:
+                sealed[SEALED[e.kind][0]].extend(json.loads(e.payload).get("row_sha256", []))
+        for table, model, keyed in SEALED.values():
             cols = [c.key for c in model.__table__.columns]
             digests = []
             for row in conn.execute(select(model)).mappings():
                 d = {c: row[c] for c in cols}
-                if table == "relabels":
+                if keyed:   # the database's own key: not in the row the event sealed
                     d.pop("id")
                 digests.append(row_digest(d))
             want = sorted(sealed[table])

@@ -127,6 +127,31 @@ def test_verify_reads_one_snapshot_while_requests_keep_finishing(db_url, tmp_pat
         other.dispose()
 
 
+def test_verify_catches_an_altered_relabel_example_the_site_adapter_would_learn_from(tmp_path):
+    """The operators' relabels that a site adapter trains on are sealed by their events like
+    requests and relabels: a level changed in the table afterwards (poisoning the next
+    adapter) fails the check."""
+    import numpy as np
+
+    from serving.adapt.examples import example_record
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, verify
+
+    url = f"sqlite:///{tmp_path / 'ex.db'}"
+    upgrade(url)
+    eng = make_engine(url)
+    try:
+        AuditWriter(eng, tmp_path / "spool.jsonl").write_now(
+            [example_record(f"req-{i}", np.full(4, i, dtype=np.float32), 2, 3, "k1", "operator", "fp", 1) for i in range(3)])
+        assert verify(eng) == {"ok": True, "events": 3, "problem": None}
+        with eng.begin() as c:
+            c.exec_driver_sql("UPDATE relabel_examples SET level = 5 WHERE request_id = 'req-1'")
+        res = verify(eng)
+        assert res["ok"] is False and res["problem"].startswith("relabel_examples: 1 sealed rows altered"), res
+    finally:
+        eng.dispose()
+
+
 def test_two_processes_writing_audit_events_at_once_keep_one_chain(db_url, tmp_path):
     """The service's writer and a CLI command (`triage keys create`, `triage adapt`) append to
     the chain at the same moment, each through its own connection: every event still links to

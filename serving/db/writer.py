@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -298,7 +299,7 @@ class AuditWriter:
                         continue   # already written by an earlier (interrupted) replay
                     model = TABLES[r.table]
                     conn.execute(insert(model), r.rows)
-                    if r.table in ("requests", "relabels", "relabel_examples"):
+                    if r.table in {t for t, _, _ in SEALED_TABLES}:
                         payload["row_sha256"] = [row_digest(row) for row in r.rows]
                 body = canonical(payload)
                 h = event_hash(prev, r.at, r.kind, r.actor, r.request_id, body)
@@ -307,9 +308,24 @@ class AuditWriter:
                 prev = h
 
 
-# event kind -> (table whose rows it seals, model, whether the row has a database key of its own)
-SEALED = {"request.finished": ("requests", RequestRow, False), "relabel": ("relabels", RelabelRow, True),
-          "relabel.example": ("relabel_examples", RelabelExampleRow, True)}
+# the tables whose rows an audit event seals (`row_sha256`): (table, model, whether the
+# row has a database key of its own, left out of the sealed row), and the events that do
+SEALED_TABLES = (("requests", RequestRow, False), ("relabels", RelabelRow, True),
+                 ("relabel_examples", RelabelExampleRow, True), ("priority_classes", PriorityClassRow, True))
+SEALED_BY = {"request.finished": "requests", "relabel": "relabels", "relabel.example": "relabel_examples",
+             "classes.loaded": "priority_classes", "classes.updated": "priority_classes"}
+
+
+def _legacy_class_row(row: dict, table: dict) -> str | None:
+    """A class-table row written before its event sealed it (builds before 2026-12-05),
+    checked against the table its event carries. Returns the problem, or None."""
+    c = next((c for c in table.get("classes", []) if c.get("level") == row["level"]), None)
+    want = None if c is None else {"name": c.get("name"), "weight": c.get("weight"), "ttft": c.get("ttft"),
+                                   "tpot": c.get("tpot"), "w_first": table.get("w_first"), "w_decode": table.get("w_decode")}
+    if want is None or any(row[k] != v if isinstance(v, str) or v is None else not math.isclose(row[k], v)
+                           for k, v in want.items()):
+        return f"priority_classes: version {row['version']} level {row['level']} differs from its audit event"
+    return None
 
 
 def verify(engine: Engine) -> dict[str, Any]:
@@ -325,16 +341,26 @@ def verify(engine: Engine) -> dict[str, Any]:
         ok, n, problem = verify_events(events)
         if not ok:
             return {"ok": False, "events": n, "problem": problem}
-        sealed: dict[str, list[str]] = {table: [] for table, _, _ in SEALED.values()}
+        sealed: dict[str, list[str]] = {table: [] for table, _, _ in SEALED_TABLES}
+        legacy: dict[int, dict] = {}   # class versions whose event predates the seal
         for e in events:
-            if e.kind in SEALED:
-                sealed[SEALED[e.kind][0]].extend(json.loads(e.payload).get("row_sha256", []))
-        for table, model, keyed in SEALED.values():
+            if e.kind in SEALED_BY:
+                payload = json.loads(e.payload)
+                if "row_sha256" in payload:
+                    sealed[SEALED_BY[e.kind]].extend(payload["row_sha256"])
+                elif SEALED_BY[e.kind] == "priority_classes":
+                    legacy[payload.get("version")] = payload
+        for table, model, keyed in SEALED_TABLES:
             cols = [c.key for c in model.__table__.columns]
             digests = []
             for row in conn.execute(select(model)).mappings():
+                if table == "priority_classes" and row["version"] in legacy:
+                    problem = _legacy_class_row(dict(row), legacy[row["version"]])
+                    if problem:
+                        return {"ok": False, "events": n, "problem": problem}
+                    continue
                 d = {c: row[c] for c in cols}
-                if keyed:   # the database's own key: not in the row the event sealed
+                if keyed:
                     d.pop("id")
                 digests.append(row_digest(d))
             want = sorted(sealed[table])

@@ -152,6 +152,50 @@ def test_verify_catches_an_altered_relabel_example_the_site_adapter_would_learn_
         eng.dispose()
 
 
+def test_verify_catches_an_altered_class_table_version_old_or_new(tmp_path):
+    """The class-table history the console shows (`/admin/classes/history`) is sealed by its
+    events: a past version's SLO changed in the table afterwards fails the check, for rows
+    sealed since 2026-12-05 (by digest) and for rows written before (against the table the
+    event carries)."""
+    from sqlalchemy import insert
+
+    from serving.db.models import PriorityClassRow
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record, verify
+    from triage.classes import load_classes
+
+    url = f"sqlite:///{tmp_path / 'cls.db'}"
+    upgrade(url)
+    eng = make_engine(url)
+    t = load_classes()
+
+    def rows(version, at):
+        return [{"version": version, "level": c["level"], "name": c["name"], "weight": c["weight"], "ttft": c["ttft"],
+                 "tpot": c["tpot"], "w_first": t.w_first, "w_decode": t.w_decode, "actor": "system", "created": at,
+                 "escalate_below": None, "reason": "first start"} for c in t.to_dict()["classes"]]
+
+    try:
+        w = AuditWriter(eng, tmp_path / "spool.jsonl")
+        # version 1 as an older build wrote it: the event carries the table, the rows go in unsealed
+        w.write_now([Record("classes.loaded", 1.0, "system", None, {**t.to_dict(), "version": 1, "escalate_below": None})])
+        with eng.begin() as c:
+            c.execute(insert(PriorityClassRow), rows(1, 1.0))
+        # version 2 as this build writes it: sealed
+        w.write_now([Record("classes.updated", 2.0, "op", None, {**t.to_dict(), "version": 2}, "priority_classes", rows(2, 2.0))])
+        assert verify(eng) == {"ok": True, "events": 2, "problem": None}
+        for version, problem in ((2, "priority_classes: 1 sealed rows altered"),
+                                 (1, "priority_classes: version 1 level 3 differs from its audit event")):
+            with eng.begin() as c:
+                c.exec_driver_sql(f"UPDATE priority_classes SET ttft = ttft * 2 WHERE version = {version} AND level = 3")
+            res = verify(eng)
+            assert res["ok"] is False and res["problem"].startswith(problem), res
+            with eng.begin() as c:
+                c.exec_driver_sql(f"UPDATE priority_classes SET ttft = ttft / 2 WHERE version = {version} AND level = 3")
+            assert verify(eng)["ok"] is True
+    finally:
+        eng.dispose()
+
+
 def test_two_processes_writing_audit_events_at_once_keep_one_chain(db_url, tmp_path):
     """The service's writer and a CLI command (`triage keys create`, `triage adapt`) append to
     the chain at the same moment, each through its own connection: every event still links to

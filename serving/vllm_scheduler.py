@@ -246,6 +246,7 @@ class TriageScheduler(Scheduler):
         level = xa.get("level")
         if level not in classes.classes:   # absent, or a level this table lacks (any client may send one)
             level = request.priority if request.priority in classes.classes else classes.least_urgent
+        level = int(level)
         c = classes.get(level)
         max_tokens = int(request.max_tokens or 1)
         r = Request(

@@ -7,9 +7,10 @@ A background thread takes records off a queue and writes them in batches, one
 transaction per batch (table row + its hash-chained audit event). If the database
 errors, the batch is appended to a spool file (JSON lines, fsync'd) and from then on
 everything goes to the spool, in order, until a replay succeeds: the whole spool is
-written in one transaction and then truncated. Replays are idempotent for request rows
-(a row whose id already exists is skipped with its event), so a crash between commit and
-truncate cannot duplicate them.
+written in one transaction and then truncated. Replays are idempotent: a record whose
+event the chain already holds (same time to the microsecond, kind, actor and request) is
+skipped, as is a request whose row exists, so a crash between commit and truncate
+duplicates nothing and cannot wedge the spool on a unique key.
 """
 from __future__ import annotations
 
@@ -269,7 +270,7 @@ class AuditWriter:
         except FileNotFoundError:
             return
         try:
-            self._write(recs)   # one transaction: all or nothing
+            self._write(recs, replay=True)   # one transaction: all or nothing
         except Exception as e:
             log.warning("audit spool replay failed (%s); %d records wait in %s", type(e).__name__, len(recs), self.spool_path)
             self._set_ok(False)
@@ -283,7 +284,7 @@ class AuditWriter:
         log.warning("audit spool replayed: %d records written", len(recs))
         self._set_ok(True)
 
-    def _write(self, items: list[Record]) -> None:
+    def _write(self, items: list[Record], replay: bool = False) -> None:
         with self.engine.begin() as conn:
             write_lock(conn, CHAIN_LOCK)
             last = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar()
@@ -292,7 +293,10 @@ class AuditWriter:
             existing = set()
             if req_ids:
                 existing = set(conn.execute(select(RequestRow.id).where(RequestRow.id.in_(req_ids))).scalars())
+            written = _events_present(conn, items) if replay else set()
             for r in items:
+                if _event_key(r.at, r.kind, r.actor, r.request_id) in written:
+                    continue   # committed by a replay the process died in before it emptied the spool
                 payload = dict(r.payload)
                 if r.table:
                     if r.table == "requests" and any(row["id"] in existing for row in r.rows):
@@ -306,6 +310,22 @@ class AuditWriter:
                 conn.execute(insert(AuditEventRow).values(at=round(r.at, 6), kind=r.kind, actor=r.actor,
                                                           request_id=r.request_id, payload=body, prev_hash=prev, hash=h))
                 prev = h
+
+
+def _event_key(at: float, kind: str, actor: str | None, request_id: str | None) -> tuple:
+    return round(float(at), 6), kind, actor, request_id
+
+
+def _events_present(conn: Connection, items: list[Record]) -> set[tuple]:
+    """Which of `items` the chain already holds, by (time to the microsecond, kind, actor,
+    request): a replay must skip what an interrupted replay committed (a class version
+    written twice would break its unique key, and the spool would never drain)."""
+    ats = sorted({round(float(r.at), 6) for r in items})
+    found: set[tuple] = set()
+    for k in range(0, len(ats), 500):
+        q = select(AuditEventRow.at, AuditEventRow.kind, AuditEventRow.actor, AuditEventRow.request_id)
+        found |= {_event_key(*row) for row in conn.execute(q.where(AuditEventRow.at.in_(ats[k:k + 500])))}
+    return found
 
 
 # the tables whose rows an audit event seals (`row_sha256`): (table, model, whether the

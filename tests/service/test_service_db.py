@@ -440,6 +440,50 @@ def test_a_spool_line_cut_short_by_a_crash_is_set_aside_and_everything_else_is_w
         eng.dispose()
 
 
+def test_a_replay_the_process_died_in_is_not_written_twice(db_url, tmp_path):
+    """The process dies after a spool replay committed and before it emptied the spool. The
+    next start replays the same records: what the chain already holds is skipped (a class
+    version written twice would break its unique key and the spool would never drain), the
+    rest is written, the spool empties, and the chain verifies with each event once."""
+    import json
+    from dataclasses import asdict
+
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record, verify
+    from triage.classes import load_classes
+
+    upgrade(db_url)
+    t = load_classes()
+    now = time.time()
+    class_rows = [{"version": 9, "level": c["level"], "name": c["name"], "weight": c["weight"], "ttft": c["ttft"],
+                   "tpot": c["tpot"], "w_first": t.w_first, "w_decode": t.w_decode, "actor": "op", "created": now,
+                   "escalate_below": None, "reason": "night shift"} for c in t.to_dict()["classes"]]
+    replayed = [Record("classes.updated", now, "op", None, {**t.to_dict(), "version": 9}, "priority_classes", class_rows),
+                Record("key.revoked", now + 0.001, "cli", None, {"key_id": "k-old"}),
+                _finished("req-replayed")]
+    spool = tmp_path / "spool.jsonl"
+    eng = make_engine(db_url)
+    try:
+        AuditWriter(eng, spool).write_now(replayed)   # the replay's commit ...
+        later = Record("key.created", now + 0.002, "cli", None, {"key_id": "k-new"})
+        spool.write_text("".join(json.dumps(asdict(r)) + "\n" for r in [*replayed, later]))   # ... and no truncate
+        writer = AuditWriter(eng, spool, interval_s=0.05).start()
+        try:
+            writer.submit(Record("key.created", time.time(), "cli", None, {"key_id": "k-after"}))
+            deadline = time.monotonic() + 20
+            while writer.spool_lines() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert writer.sync(10) and writer.spool_lines() == 0, "the spool never drained"
+        finally:
+            writer.stop()
+        with eng.connect() as c:
+            kinds = [k for (k,) in c.exec_driver_sql("SELECT kind FROM audit_events ORDER BY id")]
+        assert kinds == ["classes.updated", "key.revoked", "request.finished", "key.created", "key.created"], kinds
+        assert verify(eng)["ok"] is True
+    finally:
+        eng.dispose()
+
+
 @pytest.mark.postgres
 def test_postgres_outage_loses_nothing(tmp_path, predictors_dir):
     from serving.db.session import make_engine

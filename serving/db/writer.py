@@ -303,7 +303,7 @@ class AuditWriter:
                         continue   # already written by an earlier (interrupted) replay
                     model = TABLES[r.table]
                     conn.execute(insert(model), r.rows)
-                    if r.table in {t for t, _, _ in SEALED_TABLES}:
+                    if r.table in SEALED_TABLE_NAMES:
                         payload["row_sha256"] = [row_digest(row) for row in r.rows]
                 body = canonical(payload)
                 h = event_hash(prev, r.at, r.kind, r.actor, r.request_id, body)
@@ -332,6 +332,7 @@ def _events_present(conn: Connection, items: list[Record]) -> set[tuple]:
 # row has a database key of its own, left out of the sealed row), and the events that do
 SEALED_TABLES = (("requests", RequestRow, False), ("relabels", RelabelRow, True),
                  ("relabel_examples", RelabelExampleRow, True), ("priority_classes", PriorityClassRow, True))
+SEALED_TABLE_NAMES = frozenset(t for t, _, _ in SEALED_TABLES)
 SEALED_BY = {"request.finished": "requests", "relabel": "relabels", "relabel.example": "relabel_examples",
              "classes.loaded": "priority_classes", "classes.updated": "priority_classes"}
 

@@ -33,9 +33,10 @@ from sqlalchemy.engine import Connection, Engine
 from predictors.adapter import AdaptError, SiteAdapter, compare, fit_adapter, promotion_verdict
 from predictors.site_features import FEATURE_VERSION, VITALS_NAMES
 from serving.adapt.examples import load_log
-from serving.db.chain import GENESIS, canonical, event_hash
-from serving.db.models import AuditEventRow, SiteModelRow
+from serving.db.chain import canonical
+from serving.db.models import SiteModelRow
 from serving.db.session import CHAIN_LOCK, SITE_LOCK, write_lock
+from serving.db.writer import insert_event, last_hash
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,7 @@ def append_event(conn: Connection, kind: str, actor: str | None, payload: dict, 
     """One audit event on the hash chain, inside the caller's transaction (same chain rule
     and lock as `serving.db.writer`)."""
     write_lock(conn, CHAIN_LOCK)
-    at = time.time() if at is None else at
-    prev = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar() or GENESIS
-    body = canonical(payload)
-    conn.execute(AuditEventRow.__table__.insert().values(at=round(at, 6), kind=kind, actor=actor, request_id=None,
-                                                          payload=body, prev_hash=prev,
-                                                          hash=event_hash(prev, at, kind, actor, None, body)))
+    insert_event(conn, last_hash(conn), time.time() if at is None else at, kind, actor, None, canonical(payload))
 
 
 class SiteRegistry:

@@ -562,7 +562,9 @@ async def sigterm_drain(live: Live, streams: int = 6, max_tokens: int = 48, exit
     exit_s = round(time.monotonic() - t_term, 2)
     spool = _lines(live.spool)
     rows = await asyncio.to_thread(audit_rows, live, "sd-")
-    v = await asyncio.to_thread(_verify_offline, live.db_url)
+    from serving.db.writer import verify_url
+
+    v = await asyncio.to_thread(verify_url, live.db_url)
     full = sum(x.full for x in calls)
     ok = (refused.status == 503 and refused.retry_after is not None and ready == 503
           and full == streams and code == 0 and len(rows) == streams and spool == 0 and v["ok"])
@@ -597,17 +599,6 @@ def _lines(p: Path) -> int:
         return sum(1 for _ in p.open("rb"))
     except FileNotFoundError:
         return 0
-
-
-def _verify_offline(url: str) -> dict:
-    from serving.db.session import make_engine
-    from serving.db.writer import verify
-
-    eng = make_engine(url)
-    try:
-        return verify(eng)
-    finally:
-        eng.dispose()
 
 
 # --- the run -------------------------------------------------------------------------------

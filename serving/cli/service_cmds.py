@@ -221,23 +221,19 @@ def db_verify(
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import SQLAlchemyError
 
-        from serving.db.session import make_engine
-        from serving.db.writer import verify
+        from serving.db.writer import verify_url
 
         url = _settings(db_url=db).resolved_db_url()
         shown = make_url(url).render_as_string(hide_password=True)
         if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
             typer.echo(f"error: no database at {shown}", err=True)
             raise typer.Exit(2)
-        eng = make_engine(url)
         try:
-            res = verify(eng)
+            res = verify_url(url)
         except SQLAlchemyError as e:   # the driver's own first line: no password, no SQL
             why = str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
             typer.echo(f"error: cannot read the audit events of {shown}: {why}", err=True)
             raise typer.Exit(2)
-        finally:
-            eng.dispose()
         what = f"database {shown}"
     if as_json:
         typer.echo(json.dumps(res))

@@ -287,8 +287,7 @@ class AuditWriter:
     def _write(self, items: list[Record], replay: bool = False) -> None:
         with self.engine.begin() as conn:
             write_lock(conn, CHAIN_LOCK)
-            last = conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar()
-            prev = last or GENESIS
+            prev = last_hash(conn)
             req_ids = [row["id"] for r in items if r.table == "requests" for row in r.rows]
             existing = set()
             if req_ids:
@@ -305,11 +304,32 @@ class AuditWriter:
                     conn.execute(insert(model), r.rows)
                     if r.table in SEALED_TABLE_NAMES:
                         payload["row_sha256"] = [row_digest(row) for row in r.rows]
-                body = canonical(payload)
-                h = event_hash(prev, r.at, r.kind, r.actor, r.request_id, body)
-                conn.execute(insert(AuditEventRow).values(at=round(r.at, 6), kind=r.kind, actor=r.actor,
-                                                          request_id=r.request_id, payload=body, prev_hash=prev, hash=h))
-                prev = h
+                prev = insert_event(conn, prev, r.at, r.kind, r.actor, r.request_id, canonical(payload))
+
+
+def last_hash(conn: Connection) -> str:
+    """The chain's last hash (GENESIS when it is empty). A writer takes `write_lock` first."""
+    return conn.execute(select(AuditEventRow.hash).order_by(AuditEventRow.id.desc()).limit(1)).scalar() or GENESIS
+
+
+def insert_event(conn: Connection, prev: str, at: float, kind: str, actor: str | None, request_id: str | None,
+                 body: str) -> str:
+    """Append one event (payload `body`, canonical JSON) after the hash `prev`; returns its hash."""
+    h = event_hash(prev, at, kind, actor, request_id, body)
+    conn.execute(insert(AuditEventRow).values(at=round(at, 6), kind=kind, actor=actor, request_id=request_id,
+                                              payload=body, prev_hash=prev, hash=h))
+    return h
+
+
+def verify_url(url: str) -> dict[str, Any]:
+    """`verify` on the database at `url` (its errors propagate: the caller says what failed)."""
+    from serving.db.session import make_engine
+
+    eng = make_engine(url)
+    try:
+        return verify(eng)
+    finally:
+        eng.dispose()
 
 
 def _event_key(at: float, kind: str, actor: str | None, request_id: str | None) -> tuple:

@@ -24,6 +24,7 @@ from conftest import free_port
 from serving.bench import faults
 from serving.bench.faults import Call, Live, body, stream
 from serving.bench.systems import EngineSizes, start_system
+from serving.db.writer import verify_url
 
 
 def _live(tmp_path: Path, predictors_dir: Path, *, backend: str = "simulated", **env) -> tuple:
@@ -77,7 +78,7 @@ def test_drain_deadline_ends_the_rest_with_a_clear_error_and_outcome_shutdown(tm
     assert x.tokens > 0 and not x.done and x.error and x.error["code"] == "shutting_down", x
     assert code == 0
     assert faults.audit_rows(live, "dl-") == {"dl-0": "shutdown"}
-    assert faults._verify_offline(live.db_url)["ok"]
+    assert verify_url(live.db_url)["ok"]
 
 
 def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predictors_dir):
@@ -116,7 +117,7 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
     finally:
         eng.dispose()
     assert faults.audit_rows(live, "st-") == {f"st-{i}": "shutdown" for i in range(3)}
-    assert faults._verify_offline(live.db_url)["ok"]
+    assert verify_url(live.db_url)["ok"]
 
 
 def test_clients_that_vanish_are_cancelled_and_nothing_is_held(tmp_path, predictors_dir):

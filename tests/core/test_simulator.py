@@ -57,6 +57,21 @@ def test_mooncake_runs_on_four_instances_without_stalling_on_its_longest_prompts
     assert len(res.requests) == len(trace)
     assert all(r.generated == r.output_len for r in res.requests)
 
+@needs_data
+def test_triage_on_the_cpu_profile_past_its_kv_limit_finishes_every_request():
+    """The Azure trace at the small CPU profile's knee fills its KV cache with 32 running
+    answers: an earlier build planned an empty step there ("empty plan with 113 requests
+    left") and the engine would have stalled; a running request out of blocks frees them."""
+    prof = load_profile("vllm-cpu-smollm2")
+    classes = load_classes().scaled(prof.slo_scale)
+    trace = load_trace(AZURE, limit=300, rate_scale=0.04, max_len=prof.max_request_tokens)
+    res = simulate(trace, prof.make_policy("triage"), prof, classes, seed=0)
+    assert len(res.requests) == len(trace)
+    assert all(r.generated == r.output_len for r in res.requests)
+    s = summarize(res.requests, classes, "triage")
+    assert s["per_class"]["1"]["slo_attainment"] == 1.0
+
+
 
 def test_generic_csv_with_levels(tmp_path: Path):
     p = tmp_path / "t.csv"

@@ -234,6 +234,7 @@ class Frontend:
 
     # --- arrival ---------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        self.writer.accepted(job.id, job.arrival, self._audit_row(job, "interrupted", None))
         self.jobs[job.id] = job
         self.arrivals.append(job)
         self._wake.set()
@@ -327,6 +328,8 @@ class Frontend:
                     per_token = (now - job.token_times[-1]) / new
                     self.token_s = per_token if self.token_s is None else 0.95 * self.token_s + 0.05 * per_token
                 if new:
+                    if not job.token_times:
+                        self.writer.first_token(job.id, now)
                     job.token_times.extend([now] * new)
                     job.output_tokens += new
                 if ev.prompt_tokens:
@@ -480,7 +483,16 @@ class Frontend:
         tpot = self.metrics.tpot.labels(lv)
         for x in tp:
             tpot.observe(x)
-        row = {
+        row = self._audit_row(job, outcome, finish, r.ttft, tp, g)
+        self.writer.submit(Record("request.finished", time.time(), None, job.id,
+                                  {"level": job.level, "outcome": outcome}, "requests", [row]))
+
+    def _audit_row(self, job: Job, outcome: str, finish: float | None, ttft: float | None = None,
+                   tp: list[float] | None = None, g=None) -> dict:
+        """The request's `requests` row. At admission (`submit`) the writer's journal keeps
+        it as it stands then, for the next start to record should this process die first."""
+        tp = tp or []
+        return {
             "id": job.id, "client_request_id": job.client_request_id, "api_key_id": job.key_id,
             "endpoint": job.endpoint, "model": job.model,
             "classifier_level": job.prediction.predicted_level if job.prediction is not None else None,
@@ -491,12 +503,10 @@ class Frontend:
             "finish": finish, "prompt_tokens": job.prompt_tokens, "output_tokens": job.output_tokens,
             "max_tokens": job.max_tokens, "predicted_output_len": job.predicted_output_len,
             "queue_time": (job.dispatched - job.arrival) if job.dispatched else None,
-            "ttft": r.ttft, "max_tpot": max(tp) if tp else None, "mean_tpot": (sum(tp) / len(tp)) if tp else None,
+            "ttft": ttft, "max_tpot": max(tp) if tp else None, "mean_tpot": (sum(tp) / len(tp)) if tp else None,
             "tdg_gain": g.gain if g else None, "tdg_ideal": g.ideal if g else None,
             "slo_met": bool(g.slo_met) if g else False, "preemptions": job.preemptions,
             "instance": (self.backend.instance_for(job.id) if hasattr(self.backend, "instance_for")
                          else getattr(self.backend, "instance", None)), "outcome": outcome,
             "prompt": job.prompt if job.store_prompt else None,
         }
-        self.writer.submit(Record("request.finished", time.time(), None, job.id,
-                                  {"level": job.level, "outcome": outcome}, "requests", [row]))

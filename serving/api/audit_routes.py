@@ -23,8 +23,9 @@ from serving.db.models import AuditEventRow, RelabelRow, RequestRow
 from serving.db.writer import verify
 
 # ended before a full answer, by the client or the service: the client went away
-# (cancelled), the drain deadline (shutdown), an engine death mid-stream (engine_restart)
-ABORTED = ("aborted", "cancelled", "shutdown", "engine_restart")
+# (cancelled), the drain deadline (shutdown), an engine death mid-stream (engine_restart), the
+# service process dying before the request ended (interrupted, recorded at the next start)
+ABORTED = ("aborted", "cancelled", "shutdown", "engine_restart", "interrupted")
 
 router = APIRouter(prefix="/audit", tags=["auditors"])
 

@@ -57,7 +57,7 @@ class RequestRow(Base):
     slo_met: Mapped[bool] = mapped_column(Boolean, default=False)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     instance: Mapped[str | None] = mapped_column(String(64))
-    outcome: Mapped[str] = mapped_column(String(16))   # ok | length | shed | aborted | error
+    outcome: Mapped[str] = mapped_column(String(16))   # ok | length | shed | aborted | cancelled | shutdown | engine_restart | interrupted | error
     prompt: Mapped[str | None] = mapped_column(Text)    # only with store_prompts=true
 
     __table_args__ = (Index("ix_requests_arrival", "arrival"), Index("ix_requests_effective_level", "effective_level"))

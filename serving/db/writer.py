@@ -11,6 +11,11 @@ written in one transaction and then truncated. Replays are idempotent: a record 
 event the chain already holds (same time to the microsecond, kind, actor and request) is
 skipped, as is a request whose row exists, so a crash between commit and truncate
 duplicates nothing and cannot wedge the spool on a unique key.
+
+A process that dies outright loses nothing either: every record, and every request at its
+admission, is first appended to the writer's journal (serving/db/journal.py), and the next
+`start` spools what was not durable and records each request that never ended as
+`interrupted`.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +36,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 
 from serving.db.chain import GENESIS, canonical, event_hash, row_digest
+from serving.db.journal import Journal, Orphan
 from serving.db.models import AuditEventRow, PriorityClassRow, RelabelExampleRow, RelabelRow, RequestRow
 from serving.db.session import CHAIN_LOCK, write_lock
 
@@ -57,6 +64,9 @@ class AuditWriter:
                  retry_s: float = 1.0, on_state: Callable[[str, int], None] | None = None) -> None:
         self.engine = engine
         self.spool_path = Path(spool_path)
+        # taken by `start` (the service's writer); one-off tools that only `write_now` leave it be
+        self.journal = Journal(self.spool_path.with_name(self.spool_path.name + ".journal"))
+        self._journaling = False
         self.batch, self.interval_s, self.retry_s = batch, interval_s, retry_s
         self.on_state = on_state or (lambda state, n: None)
         self._q: queue.Queue = queue.Queue()
@@ -75,6 +85,7 @@ class AuditWriter:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "AuditWriter":
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        self._recover()
         if self.spool_lines() > 0:
             log.warning("audit spool %s holds %d records from an earlier run; replaying", self.spool_path, self.spool_lines())
         self._thread = threading.Thread(target=self._run, name="triage-audit-writer", daemon=True)
@@ -98,6 +109,24 @@ class AuditWriter:
             if left:
                 log.warning("audit spool: %d records stay in %s (database unreachable); they are written at the "
                             "next start", left, self.spool_path)
+        if self._journaling:
+            self.journal.close()
+            self._journaling = False
+
+    def _recover(self) -> None:
+        """Take the journal; spool what an earlier process that died left in it (records it
+        had not made durable, and a record, outcome `interrupted`, for each request it had
+        accepted and not ended); then start the journal empty."""
+        pending, orphans = self.journal.open()
+        self._journaling = True
+        recs = [Record(**r) for r in pending] + [_interrupted(o) for o in orphans]
+        if recs:
+            self._append_spool(recs)
+            levels = Counter(o.row["effective_level"] for o in orphans)
+            log.warning("audit journal: the previous run ended without writing %d records and with %d requests "
+                        "unfinished (by level: %s); spooled, the unfinished ones as outcome `interrupted`",
+                        len(pending), len(orphans), dict(sorted(levels.items())) or "none")
+        self.journal.reset()
 
     def emergency_spool(self) -> int:
         """Exit now (second SIGTERM): wait for the batch being written (whole transactions,
@@ -116,13 +145,28 @@ class AuditWriter:
                 items.append(r)
         if items:
             self._append_spool(items)
+        if self._journaling:
+            self.journal.durable(self._submitted - 1)
         return len(items)
 
     # --- API -------------------------------------------------------------------------------
     def submit(self, rec: Record) -> None:
+        # the journal line, the record's place and the queue move together: the writer's
+        # count of records handled is then also the journal's durable mark
         with self._cv:
+            if self._journaling:
+                self.journal.record(self._submitted, asdict(rec))
             self._submitted += 1
-        self._q.put(rec)
+            self._q.put(rec)
+
+    def accepted(self, request_id: str, at: float, row: dict) -> None:
+        """A request was admitted: journal its row as it stands (see `_recover`)."""
+        if self._journaling:
+            self.journal.accepted(request_id, at, row)
+
+    def first_token(self, request_id: str, at: float) -> None:
+        if self._journaling:
+            self.journal.first_token(request_id, at)
 
     def sync(self, timeout: float = 10.0) -> bool:
         """Wait until every record submitted so far is written or spooled."""
@@ -174,6 +218,8 @@ class AuditWriter:
                 except Exception:   # the writer must outlive any one batch: there is no other
                     log.exception("audit writer: a batch failed unexpectedly; spooling its %d records", len(items))
                     self._spool_anyway(items)   # those not yet written or spooled (`_handle` clears them)
+                if n and self._journaling:
+                    self.journal.durable(self._done + n - 1)
             with self._cv:
                 self._done += n
                 self._cv.notify_all()
@@ -294,12 +340,17 @@ class AuditWriter:
                 existing = set(conn.execute(select(RequestRow.id).where(RequestRow.id.in_(req_ids))).scalars())
             written = _events_present(conn, items) if replay else set()
             for r in items:
-                if _event_key(r.at, r.kind, r.actor, r.request_id) in written:
+                key = _event_key(r.at, r.kind, r.actor, r.request_id)
+                if key in written:
                     continue   # committed by a replay the process died in before it emptied the spool
+                if replay:     # or spooled twice: by a process that died, then from its journal
+                    written.add(key)
                 payload = dict(r.payload)
                 if r.table:
                     if r.table == "requests" and any(row["id"] in existing for row in r.rows):
-                        continue   # already written by an earlier (interrupted) replay
+                        continue   # already written by an earlier (interrupted) replay, or in this batch
+                    if r.table == "requests":
+                        existing.update(row["id"] for row in r.rows)
                     model = TABLES[r.table]
                     conn.execute(insert(model), r.rows)
                     if r.table in SEALED_TABLE_NAMES:
@@ -428,3 +479,14 @@ def _snapshot(engine: Engine) -> Iterator[Connection]:
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
         yield conn
         conn.rollback()
+
+
+def _interrupted(o: Orphan) -> Record:
+    """The record of a request an earlier process accepted and never ended: its row as known
+    at admission, its first token if one went out, ended when the journal last heard from
+    the process (so a second recovery of the same journal makes the same record, which the
+    spool's replay then skips)."""
+    row = dict(o.row, outcome="interrupted", finish=o.last_seen, first_token=o.first_token,
+               ttft=(o.first_token - o.row["arrival"]) if o.first_token is not None else None)
+    return Record("request.finished", o.last_seen, None, row["id"],
+                  {"level": row["effective_level"], "outcome": "interrupted"}, "requests", [row])

@@ -67,6 +67,12 @@ class _Writer:
         if rec.kind == "request.finished":
             self.outcomes[rec.request_id] = rec.payload["outcome"]
 
+    def accepted(self, request_id, at, row) -> None:   # the journal (serving/db/journal.py)
+        pass
+
+    def first_token(self, request_id, at) -> None:
+        pass
+
 
 def _job(fe: Frontend, i: int, max_tokens: int = 50) -> Job:
     return Job(id=f"r{i}", seq=fe.next_seq(), endpoint="chat", prompt="p", prompt_tokens=4, max_tokens=max_tokens,

@@ -52,6 +52,12 @@ class _Writer:
     def submit(self, rec) -> None:
         pass
 
+    def accepted(self, request_id, at, row) -> None:   # the journal (serving/db/journal.py)
+        pass
+
+    def first_token(self, request_id, at) -> None:
+        pass
+
 
 def test_the_front_end_measures_the_engine_and_sizes_each_calls_chunks():
     async def run() -> tuple[dict, float | None]:

@@ -120,6 +120,51 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
     assert verify_url(live.db_url)["ok"]
 
 
+def test_a_server_killed_outright_leaves_every_request_it_had_accepted_in_the_audit_trail(tmp_path, predictors_dir):
+    """SIGKILL (the OOM killer, a power cut) gives the process no chance to write anything:
+    before the writer's journal, 6 calls in flight left no row at all. The next start
+    records each as `interrupted`, with the time its first token went out; the call that had
+    finished keeps its own row, and the chain verifies."""
+    ctx, live = _live(tmp_path, predictors_dir)
+
+    async def run():
+        async with live.http() as c:
+            done = await stream(c, body("Chest pain, sweating.", "sk-done", 4), Call("sk-done"))
+            xs = [Call(f"sk-{i}") for i in range(6)]
+            ts = [asyncio.create_task(stream(c, body("Tell me a very long story.", x.crid, 1500), x)) for x in xs]
+            while not all(x.tokens for x in xs):
+                await asyncio.sleep(0.05)
+            os.kill(live.srv.proc.pid, signal.SIGKILL)
+            await asyncio.gather(*ts)
+            return done, xs
+
+    try:
+        done, xs = asyncio.run(run())
+    finally:
+        ctx.__exit__(None, None, None)
+    assert done.full and all(not x.done for x in xs)
+    assert set(faults.audit_rows(live, "sk-")) <= {"sk-done"}, "the killed process wrote nothing more"
+    ctx, live = _live(tmp_path, predictors_dir)   # the same database and spool
+    try:
+        rows = asyncio.run(faults.wait_audit(live, "sk-", 7, timeout_s=30))
+        from sqlalchemy import text
+
+        from serving.db.session import make_engine
+
+        eng = make_engine(live.db_url)
+        with eng.connect() as conn:
+            first = dict(conn.execute(text("SELECT client_request_id, first_token IS NOT NULL FROM requests "
+                                           "WHERE outcome = 'interrupted'")).all())
+        eng.dispose()
+        report = asyncio.run(faults._get(live, "/audit/latency?group_by=outcome", live.admin)).json()
+    finally:
+        ctx.__exit__(None, None, None)
+    assert rows == {"sk-done": "length", **{f"sk-{i}": "interrupted" for i in range(6)}}, rows
+    assert all(first[x.crid] for x in xs if x.tokens), (first, [x.tokens for x in xs])
+    assert {g["outcome"]: g["aborted"] for g in report["groups"]}.get("interrupted") == 6, report
+    assert verify_url(live.db_url)["ok"]
+
+
 def test_clients_that_vanish_are_cancelled_and_nothing_is_held(tmp_path, predictors_dir):
     ctx, live = _live(tmp_path, predictors_dir, TRIAGE_MAX_INFLIGHT=4)
     try:

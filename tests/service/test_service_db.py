@@ -502,3 +502,84 @@ def test_postgres_outage_loses_nothing(tmp_path, predictors_dir):
         finally:
             proxy.cut()
             direct.dispose()
+
+
+_DIES = """
+import os, signal, sys, time
+sys.path.insert(0, {tests!r})
+from test_service_db import _finished
+from serving.db.session import make_engine
+from serving.db.writer import AuditWriter, Record
+
+w = AuditWriter(make_engine({url!r}), __import__("pathlib").Path({spool!r}), interval_s=0.05).start()
+w.submit(_finished("written"))
+assert w.sync(10)
+w._io.acquire()                            # the writer stuck in a slow transaction: nothing more is written
+w.submit(Record("key.created", time.time(), "cli", None, {{"key_id": "k-1"}}))
+queued = _finished("finished-not-written")
+w.accepted("finished-not-written", queued.rows[0]["arrival"], dict(queued.rows[0], outcome="interrupted"))
+w.submit(queued)
+for rid, streamed in (("streaming", True), ("waiting", False)):
+    row = dict(_finished(rid).rows[0], outcome="interrupted", effective_level=1)
+    w.accepted(rid, row["arrival"], row)
+    if streamed:
+        w.first_token(rid, row["arrival"] + 0.25)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_process_killed_outright_leaves_its_requests_to_the_next_start(db_url, tmp_path):
+    """SIGKILL while the writer holds records in memory and requests are open: the next start
+    writes the finished request's own record as it was, and one record, outcome
+    `interrupted`, for each request that never ended (with its first token's time where one
+    went out). Recovering the same journal a second time (a crash during the recovery)
+    duplicates nothing; a second writer on the same journal is refused with a clear error."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from serving.db.journal import JournalInUse
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, verify
+
+    upgrade(db_url)
+    spool = tmp_path / "spool.jsonl"
+    code = _DIES.format(tests=str(Path(__file__).parent), url=db_url, spool=str(spool))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    eng = make_engine(db_url)
+    try:
+        with eng.connect() as c:
+            assert [i for (i,) in c.exec_driver_sql("SELECT id FROM requests")] == ["written"]
+        journal = spool.with_name(spool.name + ".journal")
+        copy = tmp_path / "journal.copy"
+        shutil.copy(journal, copy)
+
+        def restart() -> dict:
+            w = AuditWriter(eng, spool, interval_s=0.05).start()
+            try:
+                with pytest.raises(JournalInUse, match="another running triage service"):
+                    AuditWriter(eng, spool).start()
+                deadline = time.monotonic() + 20
+                while w.spool_lines() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:
+                w.stop()
+            with eng.connect() as c:
+                return {i: (o, ft) for i, o, ft in c.exec_driver_sql("SELECT id, outcome, first_token FROM requests")}
+
+        rows = restart()
+        arrival = rows["streaming"][1] - 0.25
+        assert {k: v[0] for k, v in rows.items()} == {"written": "ok", "finished-not-written": "ok",
+                                                      "streaming": "interrupted", "waiting": "interrupted"}
+        assert rows["waiting"][1] is None and arrival > 0
+        assert journal.stat().st_size == 0 and spool.stat().st_size == 0
+        shutil.copy(copy, journal)       # died after spooling the recovery, before emptying the journal
+        assert restart() == rows
+        with eng.connect() as c:
+            kinds = [k for (k,) in c.exec_driver_sql("SELECT kind FROM audit_events ORDER BY id")]
+        assert kinds.count("request.finished") == 4 and kinds.count("key.created") == 1, kinds
+        assert verify(eng)["ok"] is True
+    finally:
+        eng.dispose()

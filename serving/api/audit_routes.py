@@ -1,4 +1,5 @@
-"""Auditors: per-level latency report (JSON or CSV), one request's record, chain check."""
+"""Auditors: per-level latency report (JSON or CSV), the request rows by level and outcome,
+one request's record, chain check."""
 from __future__ import annotations
 
 import csv
@@ -120,6 +121,54 @@ async def latency(request: Request, _: AuditorKey,
 
 def _row_dict(obj) -> dict:
     return {c.key: getattr(obj, c.key) for c in obj.__table__.columns}
+
+
+OUTCOMES = ("ok", "length", "shed", "error") + ABORTED
+
+
+@router.get("/requests", responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
+                                          "description": "the rows as JSON, or CSV with format=csv"}})
+async def audit_requests(request: Request, _: AuditorKey, level: int | None = Query(None, ge=1, le=99),
+                         outcome: str | None = Query(None, max_length=200), since: str | None = None,
+                         until: str | None = None, limit: int = Query(500, ge=1, le=5000),
+                         format: Literal["json", "csv"] = Query("json")):
+    """The requests' audit rows, newest arrival first, without message text: which calls at
+    a level ended how, e.g. the ESI-1 calls a crash interrupted or the queue shed, to follow
+    up (`?level=1&outcome=interrupted,shed`). `outcome`: one or several, comma-separated."""
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    wanted = [o.strip() for o in outcome.split(",") if o.strip()] if outcome else []
+    bad = [o for o in wanted if o not in OUTCOMES]
+    if bad:
+        raise APIError(400, f"unknown outcome {bad[0]!r}; one of {', '.join(OUTCOMES)}", param="outcome")
+    app = request.app
+
+    def load():
+        app.state.writer.sync(5.0)
+        q = select(RequestRow).order_by(RequestRow.arrival.desc(), RequestRow.id).limit(limit + 1)
+        if level is not None:
+            q = q.where(RequestRow.effective_level == level)
+        if wanted:
+            q = q.where(RequestRow.outcome.in_(wanted))
+        if t0 is not None:
+            q = q.where(RequestRow.arrival >= t0)
+        if t1 is not None:
+            q = q.where(RequestRow.arrival < t1)
+        with Session(app.state.db) as s:
+            return [{k: v for k, v in _row_dict(r).items() if k != "prompt"} for r in s.scalars(q)]
+
+    try:
+        rows = await run_in_threadpool(load)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    more, rows = len(rows) > limit, rows[:limit]
+    if format == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=[c.key for c in RequestRow.__table__.columns if c.key != "prompt"])
+        w.writeheader()
+        w.writerows(rows)
+        return Response(buf.getvalue(), media_type="text/csv")
+    return {"level": level, "outcome": wanted or None, "since": t0, "until": t1, "count": len(rows),
+            "truncated": more, "requests": rows}
 
 
 @router.get("/requests/{request_id}")

@@ -294,6 +294,33 @@ def test_audit_report_rows_and_verify(svc):
     eng.dispose()
 
 
+def test_an_auditor_lists_the_calls_of_a_level_that_ended_a_given_way(svc):
+    """`GET /audit/requests`: newest first, by level and outcome(s), never message text; an
+    unknown outcome is a 400 that lists the known ones; a client's key is refused."""
+    a = _client(svc, "auditor")
+    t0 = time.time()
+    got = [chat(_client(svc), f"Cardiac arrest, not breathing, no pulse {i}", max_tokens=3).json() for i in range(2)]
+    lv = a.get(f"/audit/requests/{got[0]['id']}").json()["request"]["effective_level"]
+    r = a.get("/audit/requests", params={"since": str(t0), "level": lv, "outcome": "length,interrupted"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = [x["id"] for x in body["requests"]]
+    assert got[0]["id"] in ids and body["outcome"] == ["length", "interrupted"] and not body["truncated"]
+    assert all(x["effective_level"] == lv and x["outcome"] == "length" and "prompt" not in x for x in body["requests"])
+    arrivals = [x["arrival"] for x in body["requests"]]
+    assert arrivals == sorted(arrivals, reverse=True)
+    assert a.get("/audit/requests", params={"since": str(t0), "outcome": "shed"}).json()["count"] == 0
+    one = a.get("/audit/requests", params={"since": str(t0), "limit": 1}).json()
+    assert one["count"] == 1 and one["truncated"] is True
+    csv_text = a.get("/audit/requests", params={"since": str(t0), "format": "csv"}).text
+    header = csv_text.splitlines()[0].split(",")
+    assert header[0] == "id" and "outcome" in header and "prompt" not in header
+    assert len(csv_text.splitlines()) == 1 + 2
+    bad = a.get("/audit/requests", params={"outcome": "exploded"})
+    assert bad.status_code == 400 and "interrupted" in bad.json()["error"]["message"]
+    assert _client(svc).get("/audit/requests").status_code == 403
+
+
 def test_an_auditor_verifies_the_database_and_its_exports_offline(svc, tmp_path):
     """`triage db verify` checks what `GET /audit/verify` checks without the service (exit 0
     intact, 1 broken, 2 nothing to read), and re-verifies an export, windowed ones included."""

@@ -400,6 +400,31 @@ def test_the_audit_page_verifies_the_chain_and_exports(console, driver):
     assert not any(m in "".join(lines) for m in MARKERS)
 
 
+def test_the_audit_page_lists_the_calls_not_answered_in_full_by_level(console, driver):
+    """The seeded hour holds shed and failed calls: the page lists each (newest first, its
+    level, how it ended, a link to its record), as the API does, and filters by level."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _sign_in(driver, console, "auditor", "audit")
+    outcomes = "interrupted,shed,error,engine_restart,shutdown"
+    with console.client(console.keys["auditor"]) as c:
+        want = c.get("/audit/requests", params={"outcome": outcomes, "limit": 200}).json()["requests"]
+        want1 = c.get("/audit/requests", params={"outcome": outcomes, "level": 1, "limit": 200}).json()["requests"]
+    assert want and {x["outcome"] for x in want} <= {"shed", "error"}
+    assert 0 < len(want1) < len(want), "the seed has unanswered calls at level 1 and at others"
+    rows = lambda: _css(driver, "#unanswered-rows tr[data-id]")  # noqa: E731
+    _wait(lambda: len(rows()) == len(want), what="the calls not answered in full")
+    assert [r.get_attribute("data-id") for r in rows()] == [x["id"] for x in want]
+    first = rows()[0]
+    assert f"L{want[0]['effective_level']}" in first.text and want[0]["outcome"] in first.text
+    assert first.find_element(By.TAG_NAME, "a").get_attribute("href").endswith(f"/ui/record?id={want[0]['id']}")
+    Select(driver.find_element(By.ID, "u-level")).select_by_value("1")
+    driver.find_element(By.ID, "u-show").click()
+    _wait(lambda: [r.get_attribute("data-id") for r in rows()] == [x["id"] for x in want1]
+          and "call" in driver.find_element(By.ID, "u-count").text, what="level 1 alone")
+
+
 def test_the_models_page_shows_the_predictors_and_degrades_without_adapters(console, driver):
     from selenium.webdriver.common.by import By
 

@@ -225,6 +225,8 @@ async def _startup(app: FastAPI, s: Settings, predictor: Any, engine: Any = None
     writer = app.state.writer = AuditWriter(
         db, s.resolved_spool_path(), batch=s.writer_batch, interval_s=s.writer_interval_s, retry_s=s.db_retry_s,
         on_state=lambda state, n: metrics.db_up.set(1 if state == "ok" else 0)).start()
+    for lv, n in writer.interrupted.items():   # a crash's victims, recorded now: alertable at once
+        metrics.requests.labels(str(lv), "interrupted").inc(n)
     if predictor is None:
         predictor = await _start_predictor(s)
         app.state.own_predictor = True

@@ -67,6 +67,7 @@ class AuditWriter:
         # taken by `start` (the service's writer); one-off tools that only `write_now` leave it be
         self.journal = Journal(self.spool_path.with_name(self.spool_path.name + ".journal"))
         self._journaling = False
+        self.interrupted: Counter = Counter()   # by level: the requests `start` found a dead process left
         self.batch, self.interval_s, self.retry_s = batch, interval_s, retry_s
         self.on_state = on_state or (lambda state, n: None)
         self._q: queue.Queue = queue.Queue()
@@ -122,10 +123,10 @@ class AuditWriter:
         recs = [Record(**r) for r in pending] + [_interrupted(o) for o in orphans]
         if recs:
             self._append_spool(recs)
-            levels = Counter(o.row["effective_level"] for o in orphans)
+            self.interrupted = Counter(o.row["effective_level"] for o in orphans)
             log.warning("audit journal: the previous run ended without writing %d records and with %d requests "
                         "unfinished (by level: %s); spooled, the unfinished ones as outcome `interrupted`",
-                        len(pending), len(orphans), dict(sorted(levels.items())) or "none")
+                        len(pending), len(orphans), dict(sorted(self.interrupted.items())) or "none")
         self.journal.reset()
 
     def emergency_spool(self) -> int:

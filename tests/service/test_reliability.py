@@ -158,12 +158,15 @@ def test_a_server_killed_outright_leaves_every_request_it_had_accepted_in_the_au
         eng.dispose()
         report = asyncio.run(faults._get(live, "/audit/latency?group_by=outcome", live.admin)).json()
         listed = asyncio.run(faults._get(live, "/audit/requests?outcome=interrupted", live.admin)).json()
+        prom = asyncio.run(faults._get(live, "/metrics")).text
     finally:
         ctx.__exit__(None, None, None)
     assert rows == {"sk-done": "length", **{f"sk-{i}": "interrupted" for i in range(6)}}, rows
     assert all(first[x.crid] for x in xs if x.tokens), (first, [x.tokens for x in xs])
     assert {g["outcome"]: g["aborted"] for g in report["groups"]}.get("interrupted") == 6, report
     assert sorted(x["client_request_id"] for x in listed["requests"]) == [f"sk-{i}" for i in range(6)], listed
+    levels = {x["effective_level"] for x in listed["requests"]}
+    assert sum(faults.metric(prom, "triage_requests_total", f'{{level="{lv}",outcome="interrupted"}}') for lv in levels) == 6
     assert verify_url(live.db_url)["ok"]
 
 

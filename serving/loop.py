@@ -483,12 +483,14 @@ class Frontend:
         tpot = self.metrics.tpot.labels(lv)
         for x in tp:
             tpot.observe(x)
-        row = self._audit_row(job, outcome, finish, r.ttft, tp, g)
+        instance = (self.backend.instance_for(job.id) if hasattr(self.backend, "instance_for")   # (forgets it)
+                    else getattr(self.backend, "instance", None))
+        row = self._audit_row(job, outcome, finish, instance, r.ttft, tp, g)
         self.writer.submit(Record("request.finished", time.time(), None, job.id,
                                   {"level": job.level, "outcome": outcome}, "requests", [row]))
 
-    def _audit_row(self, job: Job, outcome: str, finish: float | None, ttft: float | None = None,
-                   tp: list[float] | None = None, g=None) -> dict:
+    def _audit_row(self, job: Job, outcome: str, finish: float | None, instance: str | None = None,
+                   ttft: float | None = None, tp: list[float] | None = None, g=None) -> dict:
         """The request's `requests` row. At admission (`submit`) the writer's journal keeps
         it as it stands then, for the next start to record should this process die first."""
         tp = tp or []
@@ -506,7 +508,5 @@ class Frontend:
             "ttft": ttft, "max_tpot": max(tp) if tp else None, "mean_tpot": (sum(tp) / len(tp)) if tp else None,
             "tdg_gain": g.gain if g else None, "tdg_ideal": g.ideal if g else None,
             "slo_met": bool(g.slo_met) if g else False, "preemptions": job.preemptions,
-            "instance": (self.backend.instance_for(job.id) if hasattr(self.backend, "instance_for")
-                         else getattr(self.backend, "instance", None)), "outcome": outcome,
-            "prompt": job.prompt if job.store_prompt else None,
+            "instance": instance, "outcome": outcome, "prompt": job.prompt if job.store_prompt else None,
         }

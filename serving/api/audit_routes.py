@@ -54,6 +54,15 @@ def parse_time(v: str | None, name: str) -> float | None:
     return dt.timestamp()
 
 
+def arrived(q, t0: float | None, t1: float | None):
+    """`q` restricted to the requests that arrived in [t0, t1) (either end open when None)."""
+    if t0 is not None:
+        q = q.where(RequestRow.arrival >= t0)
+    if t1 is not None:
+        q = q.where(RequestRow.arrival < t1)
+    return q
+
+
 def _pct(a: list[float], q: float) -> float | None:
     return round(float(np.percentile(a, q)), 6) if a else None
 
@@ -95,13 +104,8 @@ async def latency(request: Request, _: AuditorKey,
 
     def load():
         app.state.writer.sync(5.0)
-        q = select(RequestRow)
-        if t0 is not None:
-            q = q.where(RequestRow.arrival >= t0)
-        if t1 is not None:
-            q = q.where(RequestRow.arrival < t1)
         with Session(app.state.db) as s:
-            return list(s.scalars(q))
+            return list(s.scalars(arrived(select(RequestRow), t0, t1)))
 
     try:
         rows = await run_in_threadpool(load)
@@ -144,15 +148,11 @@ async def audit_requests(request: Request, _: AuditorKey, level: int | None = Qu
 
     def load():
         app.state.writer.sync(5.0)
-        q = select(RequestRow).order_by(RequestRow.arrival.desc(), RequestRow.id).limit(limit + 1)
+        q = arrived(select(RequestRow), t0, t1).order_by(RequestRow.arrival.desc(), RequestRow.id).limit(limit + 1)
         if level is not None:
             q = q.where(RequestRow.effective_level == level)
         if wanted:
             q = q.where(RequestRow.outcome.in_(wanted))
-        if t0 is not None:
-            q = q.where(RequestRow.arrival >= t0)
-        if t1 is not None:
-            q = q.where(RequestRow.arrival < t1)
         with Session(app.state.db) as s:
             return [{k: v for k, v in _row_dict(r).items() if k != "prompt"} for r in s.scalars(q)]
 

@@ -14,7 +14,7 @@ streaming calls, SIGKILL, restart: 0 rows). So each is appended here first, one 
 
 Appends are plain writes to an O_APPEND file: a killed process's writes are already the
 kernel's. The writer thread fsyncs once a batch, so a power cut loses at most one batch
-interval. `recover` (at the next start) returns the records after the last durable mark as
+interval. `open` (at the next start) returns the records after the last durable mark as
 they were, and each request accepted with no record of its own (`Orphan`: its admission row,
 its first token if one went out, the journal's last time). The writer spools them (its
 replay is idempotent) and the journal starts empty. The file is held with an exclusive lock
@@ -64,6 +64,11 @@ class Journal:
         self._pending: dict[int, tuple[str | None, bytes]] = {}  # seq -> (its request id, its line)
         self._size = 0
         self.failures = 0   # appends that failed (a full disk): the service serves on, unjournaled
+
+    @property
+    def active(self) -> bool:
+        """Taken by `open` and not yet closed (a one-off tool's writer never takes it)."""
+        return self._fd is not None
 
     # --- the next start ---------------------------------------------------------------------
     def open(self) -> tuple[list[dict], list[Orphan]]:

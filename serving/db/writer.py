@@ -66,7 +66,6 @@ class AuditWriter:
         self.spool_path = Path(spool_path)
         # taken by `start` (the service's writer); one-off tools that only `write_now` leave it be
         self.journal = Journal(self.spool_path.with_name(self.spool_path.name + ".journal"))
-        self._journaling = False
         self.interrupted: Counter = Counter()   # by level: the requests `start` found a dead process left
         self.batch, self.interval_s, self.retry_s = batch, interval_s, retry_s
         self.on_state = on_state or (lambda state, n: None)
@@ -110,16 +109,13 @@ class AuditWriter:
             if left:
                 log.warning("audit spool: %d records stay in %s (database unreachable); they are written at the "
                             "next start", left, self.spool_path)
-        if self._journaling:
-            self.journal.close()
-            self._journaling = False
+        self.journal.close()
 
     def _recover(self) -> None:
         """Take the journal; spool what an earlier process that died left in it (records it
         had not made durable, and a record, outcome `interrupted`, for each request it had
         accepted and not ended); then start the journal empty."""
         pending, orphans = self.journal.open()
-        self._journaling = True
         recs = [Record(**r) for r in pending] + [_interrupted(o) for o in orphans]
         if recs:
             self._append_spool(recs)
@@ -146,7 +142,7 @@ class AuditWriter:
                 items.append(r)
         if items:
             self._append_spool(items)
-        if self._journaling:
+        if self.journal.active:
             self.journal.durable(self._submitted - 1)
         return len(items)
 
@@ -155,18 +151,18 @@ class AuditWriter:
         # the journal line, the record's place and the queue move together: the writer's
         # count of records handled is then also the journal's durable mark
         with self._cv:
-            if self._journaling:
+            if self.journal.active:
                 self.journal.record(self._submitted, asdict(rec))
             self._submitted += 1
             self._q.put(rec)
 
     def accepted(self, request_id: str, at: float, row: dict) -> None:
         """A request was admitted: journal its row as it stands (see `_recover`)."""
-        if self._journaling:
+        if self.journal.active:
             self.journal.accepted(request_id, at, row)
 
     def first_token(self, request_id: str, at: float) -> None:
-        if self._journaling:
+        if self.journal.active:
             self.journal.first_token(request_id, at)
 
     def sync(self, timeout: float = 10.0) -> bool:
@@ -219,7 +215,7 @@ class AuditWriter:
                 except Exception:   # the writer must outlive any one batch: there is no other
                     log.exception("audit writer: a batch failed unexpectedly; spooling its %d records", len(items))
                     self._spool_anyway(items)   # those not yet written or spooled (`_handle` clears them)
-                if n and self._journaling:
+                if n and self.journal.active:
                     self.journal.durable(self._done + n - 1)
             with self._cv:
                 self._done += n

@@ -1,5 +1,5 @@
 """Auditors: per-level latency report (JSON or CSV), the request rows by level and outcome,
-one request's record, chain check."""
+one request's record, chain check, the order check (was the most urgent call served first)."""
 from __future__ import annotations
 
 import csv
@@ -22,6 +22,7 @@ from serving.api.errors import APIError
 from serving.auth import AuditorKey
 from serving.db.models import AuditEventRow, RelabelRow, RequestRow
 from serving.db.writer import verify
+from triage.order_audit import DEFAULT_TIE_S, DEFAULT_TOLERANCE_S, Served, order_audit
 
 # ended before a full answer, by the client or the service: the client went away
 # (cancelled), the drain deadline (shutdown), an engine death mid-stream (engine_restart), the
@@ -61,6 +62,19 @@ def arrived(q, t0: float | None, t1: float | None):
     if t1 is not None:
         q = q.where(RequestRow.arrival < t1)
     return q
+
+
+async def read_audit(app, load):
+    """`load()` in a worker thread once the writer has flushed what it holds (up to 5 s), so a
+    request that just ended is in the answer; a database that does not answer is a 503."""
+    def run():
+        app.state.writer.sync(5.0)
+        return load()
+
+    try:
+        return await run_in_threadpool(run)
+    except Exception as e:
+        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
 
 
 def _pct(a: list[float], q: float) -> float | None:
@@ -103,14 +117,10 @@ async def latency(request: Request, _: AuditorKey,
     app = request.app
 
     def load():
-        app.state.writer.sync(5.0)
         with Session(app.state.db) as s:
             return list(s.scalars(arrived(select(RequestRow), t0, t1)))
 
-    try:
-        rows = await run_in_threadpool(load)
-    except Exception as e:
-        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    rows = await read_audit(app, load)
     report = latency_report(rows, group_by)
     if format == "csv":
         buf = io.StringIO()
@@ -147,7 +157,6 @@ async def audit_requests(request: Request, _: AuditorKey, level: int | None = Qu
     app = request.app
 
     def load():
-        app.state.writer.sync(5.0)
         q = arrived(select(RequestRow), t0, t1).order_by(RequestRow.arrival.desc(), RequestRow.id).limit(limit + 1)
         if level is not None:
             q = q.where(RequestRow.effective_level == level)
@@ -156,10 +165,7 @@ async def audit_requests(request: Request, _: AuditorKey, level: int | None = Qu
         with Session(app.state.db) as s:
             return [{k: v for k, v in _row_dict(r).items() if k != "prompt"} for r in s.scalars(q)]
 
-    try:
-        rows = await run_in_threadpool(load)
-    except Exception as e:
-        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    rows = await read_audit(app, load)
     more, rows = len(rows) > limit, rows[:limit]
     if format == "csv":
         buf = io.StringIO()
@@ -176,17 +182,13 @@ async def audit_request(request: Request, request_id: str, who: AuditorKey) -> d
     app = request.app
 
     def load():
-        app.state.writer.sync(5.0)
         with Session(app.state.db) as s:
             r = s.get(RequestRow, request_id)
             rel = list(s.scalars(select(RelabelRow).where(RelabelRow.request_id == request_id).order_by(RelabelRow.id)))
             ev = list(s.scalars(select(AuditEventRow).where(AuditEventRow.request_id == request_id).order_by(AuditEventRow.id)))
             return r, rel, ev
 
-    try:
-        r, rel, ev = await run_in_threadpool(load)
-    except Exception as e:
-        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    r, rel, ev = await read_audit(app, load)
     if r is None:
         if request_id in app.state.frontend.jobs:
             raise APIError(404, f"request {request_id!r} is still live; its record is written when it finishes")
@@ -202,15 +204,7 @@ async def audit_request(request: Request, request_id: str, who: AuditorKey) -> d
 @router.get("/verify")
 async def audit_verify(request: Request, _: AuditorKey):
     app = request.app
-
-    def run():
-        app.state.writer.sync(5.0)
-        return verify(app.state.db)
-
-    try:
-        res = await run_in_threadpool(run)
-    except Exception as e:
-        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    res = await read_audit(app, lambda: verify(app.state.db))
     res["spooled_pending"] = app.state.writer.spool_lines()
     res["checked_at"] = time.time()
     app.state.last_verify = res
@@ -221,6 +215,42 @@ async def audit_verify(request: Request, _: AuditorKey):
 async def audit_verify_last(request: Request, _: AuditorKey) -> dict:
     """The last chain check this process ran (`checked_at` null: none yet), without running one."""
     return getattr(request.app.state, "last_verify", None) or {"ok": None, "checked_at": None}
+
+
+ORDER_ROWS = 20000
+
+
+@router.get("/order")
+async def audit_order(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None,
+                      tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=60),
+                      tie_s: float = Query(DEFAULT_TIE_S, ge=0, le=5)) -> dict:
+    """Was the most urgent call served first? Every urgency inversion among the calls that
+    arrived in the window: a call started on an engine while a more urgent one, there for more
+    than `tolerance_s` already (from its arrival or its last relabel), still waited for its
+    first token
+    (triage/order_audit.py, docs/service.md). `ok`: no ESI-1 call was overtaken. At most the
+    window's first 20,000 calls (`truncated`)."""
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    app = request.app
+
+    def load():
+        q = arrived(select(RequestRow.id, RequestRow.effective_level, RequestRow.arrival,
+                           RequestRow.first_token, RequestRow.finish, RequestRow.instance), t0, t1)
+        with Session(app.state.db) as s:
+            rows = s.execute(q.order_by(RequestRow.arrival, RequestRow.id).limit(ORDER_ROWS + 1)).all()
+            ids = [r.id for r in rows[:ORDER_ROWS]]
+            relabelled = {}
+            for i in range(0, len(ids), 500):   # a relabelled call has had its last level since its last relabel
+                q = select(RelabelRow.request_id, func.max(RelabelRow.at)).where(RelabelRow.request_id.in_(ids[i:i + 500]))
+                relabelled.update(s.execute(q.group_by(RelabelRow.request_id)).all())
+        return rows, relabelled
+
+    rows, relabelled = await read_audit(app, load)
+    more, rows = len(rows) > ORDER_ROWS, rows[:ORDER_ROWS]
+    calls = [Served(r.id, r.effective_level, max(r.arrival, relabelled.get(r.id) or 0.0),
+                    r.first_token, r.finish, r.instance) for r in rows]
+    return {"since": t0, "until": t1, "truncated": more,
+            **order_audit(calls, tolerance_s=tolerance_s, tie_s=tie_s)}
 
 
 @router.get("/export", responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}},
@@ -236,7 +266,6 @@ async def audit_export(request: Request, _: AuditorKey, since: str | None = None
     app = request.app
 
     def load():
-        app.state.writer.sync(5.0)
         q = select(AuditEventRow).order_by(AuditEventRow.id)
         ids = AuditEventRow.id
         if t0 is not None:
@@ -247,9 +276,6 @@ async def audit_export(request: Request, _: AuditorKey, since: str | None = None
             return [json.dumps({**_row_dict(e), "payload": json.loads(e.payload)}, sort_keys=True) + "\n"
                     for e in s.scalars(q)]
 
-    try:
-        lines = await run_in_threadpool(load)
-    except Exception as e:
-        raise APIError(503, f"audit database unreachable ({type(e).__name__})") from None
+    lines = await read_audit(app, load)
     return Response("".join(lines), media_type="application/x-ndjson",
                     headers={"Content-Disposition": 'attachment; filename="triage-audit.jsonl"'})

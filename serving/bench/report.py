@@ -11,6 +11,7 @@ import numpy as np
 from serving.bench.loadgen import Result
 from triage.classes import PriorityClasses
 from triage.gain import request_gain
+from triage.order_audit import Served, order_audit
 from triage.request import Request
 
 
@@ -99,6 +100,20 @@ def summarize(results: list[Result], walls: list[float], classes: PriorityClasse
         "client_late_max_ms": client_late_max_ms(results, len(walls)),
     }
     return out
+
+
+def served_in_order(results: list[Result]) -> dict | None:
+    """The order check (triage/order_audit.py, the same as `GET /audit/order`) on one engine,
+    from the client's clock: each call at the level the system served it at, or, for a
+    system told no level (stock vLLM fcfs), at our classifier's, so every system is judged
+    by the same levels. None without levels."""
+    calls = [Served(str(i), lv, r.sent, r.first, r.end)
+             for i, r in enumerate(results) if r.sent and (lv := r.level or r.call.predicted) is not None]
+    if not calls:
+        return None
+    rep = order_audit(calls)
+    return {"esi1_calls": rep["esi1"]["calls"], "esi1_overtaken": rep["esi1"]["overtaken"],
+            "overtaken": rep["overtaken"], "inversions": rep["inversions"], "tolerance_s": rep["tolerance_s"]}
 
 
 def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:

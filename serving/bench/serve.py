@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from serving.bench.loadgen import Call, Result, idle_ttft, run_calls
-from serving.bench.report import _pct, engine_cpu_ms_a_step, summarize
+from serving.bench.report import _pct, engine_cpu_ms_a_step, served_in_order, summarize
 from serving.bench.systems import (MODEL_NAME, PRIORITY_FED, EngineSizes, dir_name, is_triage, reset_prefix_cache,
                                    start_system)
 from serving.bench.texts import Text, classify
@@ -136,6 +136,7 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
     if is_triage(name):
         out["esi1_caught_split"] = esi1_time_split(turn.results, f"sqlite:///{workdir / dir_name(name) / 'audit.db'}")
     out["idle_ttft_ms"] = round(1000 * statistics.median(turn.floors), 1)
+    out["order"] = served_in_order(turn.results)
     # where the CPU went while loaded: the API process (HTTP, our classifier and front end)
     # and the engine processes (vLLM's EngineCore, which holds the scheduler, and its workers)
     out["cpu_s"] = {k: round(v, 1) for k, v in turn.cpu_s.items()}

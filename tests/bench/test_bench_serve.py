@@ -86,6 +86,24 @@ def test_summary_is_per_gold_level_and_counts_errors():
     assert 0 < s["tdg_ratio"] < 1
 
 
+def test_the_order_check_judges_every_system_by_the_same_levels():
+    """An ESI-1 call still waiting when a level-5 call that came after it had its first token
+    is overtaken; a system told no level (stock fcfs) is judged by our classifier's."""
+    from dataclasses import replace
+
+    from serving.bench.report import served_in_order
+
+    urgent, chat = _result(0, 1, 1, 3.0), _result(1, 5, 5, 1.5, kind="chat")
+    chat.sent, chat.first = 100.5, 102.0          # came 0.5 s after the ESI-1 call, served 1 s before it
+    o = served_in_order([urgent, chat])
+    assert o == {"esi1_calls": 1, "esi1_overtaken": 1, "overtaken": 1, "inversions": 1, "tolerance_s": 1.0}
+    chat.first = 100.9                            # within the tolerance: it was running when the ESI-1 call came
+    assert served_in_order([urgent, chat])["esi1_overtaken"] == 0
+    blind = [replace(r, level=None, call=replace(r.call, predicted=r.level)) for r in (urgent, chat)]
+    assert served_in_order(blind)["esi1_calls"] == 1
+    assert served_in_order([replace(r, level=None) for r in (urgent, chat)]) is None
+
+
 def test_each_system_is_reported_as_a_multiple_of_each_stock_one():
     """Issue 20's bars read straight from the JSON's `x_stock` (pooled figures of a run on a
     slow VM, 2026-12-03; the turns' tokens/s made up): ESI-1 first token against vLLM priority's, which gets our levels (of the
@@ -239,6 +257,8 @@ def test_smoke_all_three_systems_complete_every_call(tmp_path):
         # the engine steps the burst took, read from each server's /metrics (stock vLLM's
         # iteration histogram, our service's step counter): more than one for 16-token answers
         assert len(s["engine_steps"]) == 1 and s["engine_steps"][0] > 1, (name, s.get("engine_steps"))
+        # the order check, every system judged by our classifier's levels (fcfs is told none)
+        assert s["order"] is not None and s["order"]["tolerance_s"] == 1.0, (name, s.get("order"))
     # where our caught ESI-1 calls spend their first-token time, from the service's own audit rows
     split, caught = out["systems"][ours]["esi1_caught_split"], out["systems"][ours]["esi1_caught"]
     assert split["n"] == caught["n"]

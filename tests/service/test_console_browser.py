@@ -425,6 +425,31 @@ def test_the_audit_page_lists_the_calls_not_answered_in_full_by_level(console, d
           and "call" in driver.find_element(By.ID, "u-count").text, what="level 1 alone")
 
 
+def test_the_audit_page_says_whether_the_most_urgent_calls_were_served_first(console, driver):
+    """The order check over all time: the page's verdict and per-level counts are the API's,
+    and each of the longest waits links to the overtaken call's record."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _sign_in(driver, console, "auditor", "audit")
+    with console.client(console.keys["auditor"]) as c:
+        want = c.get("/audit/order", params={"tolerance_s": 1}).json()
+    assert want["calls"] >= len(console.seeded)
+    Select(driver.find_element(By.ID, "o-window")).select_by_value("")
+    driver.find_element(By.ID, "o-check").click()
+    _wait(lambda: f"{want['calls']} calls" in driver.find_element(By.ID, "order-state").text, what="the order check, all time")
+    state = driver.find_element(By.ID, "order-state").text
+    assert ("No ESI-1 call overtaken" in state) == want["ok"] and f"{want['inversions']} inversion" in state
+    rows = {r.get_attribute("data-level"): r.text for r in _css(driver, "#order-levels tr[data-level]")}
+    assert set(rows) == set(want["per_level"])
+    for lv, x in want["per_level"].items():
+        assert f"L{lv}" in rows[lv] and str(x["overtaken"]) in rows[lv]
+    if want["worst"]:
+        first = _css(driver, "#order-worst tr[data-id]")[0]
+        assert first.get_attribute("data-id") == want["worst"][0]["id"]
+        assert first.find_element(By.TAG_NAME, "a").get_attribute("href").endswith(f"/ui/record?id={want['worst'][0]['id']}")
+
+
 def test_the_models_page_shows_the_predictors_and_degrades_without_adapters(console, driver):
     from selenium.webdriver.common.by import By
 

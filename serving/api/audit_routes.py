@@ -22,7 +22,8 @@ from serving.api.errors import APIError
 from serving.auth import AuditorKey
 from serving.db.models import AuditEventRow, RelabelRow, RequestRow
 from serving.db.writer import verify
-from triage.order_audit import DEFAULT_TIE_S, DEFAULT_TOLERANCE_S, Served, order_audit
+from serving.db.order import order_calls
+from triage.order_audit import DEFAULT_TIE_S, DEFAULT_TOLERANCE_S, order_audit
 
 # ended before a full answer, by the client or the service: the client went away
 # (cancelled), the drain deadline (shutdown), an engine death mid-stream (engine_restart), the
@@ -217,9 +218,6 @@ async def audit_verify_last(request: Request, _: AuditorKey) -> dict:
     return getattr(request.app.state, "last_verify", None) or {"ok": None, "checked_at": None}
 
 
-ORDER_ROWS = 20000
-
-
 @router.get("/order")
 async def audit_order(request: Request, _: AuditorKey, since: str | None = None, until: str | None = None,
                       tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=60),
@@ -227,28 +225,16 @@ async def audit_order(request: Request, _: AuditorKey, since: str | None = None,
     """Was the most urgent call served first? Every urgency inversion among the calls that
     arrived in the window: a call started on an engine while a more urgent one, there for more
     than `tolerance_s` already (from its arrival or its last relabel), still waited for its
-    first token
-    (triage/order_audit.py, docs/service.md). `ok`: no ESI-1 call was overtaken. At most the
-    window's first 20,000 calls (`truncated`)."""
+    first token (triage/order_audit.py, docs/service.md). `ok`: no ESI-1 call was overtaken.
+    At most the window's first 20,000 calls (`truncated`)."""
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
     app = request.app
 
     def load():
-        q = arrived(select(RequestRow.id, RequestRow.effective_level, RequestRow.arrival,
-                           RequestRow.first_token, RequestRow.finish, RequestRow.instance), t0, t1)
         with Session(app.state.db) as s:
-            rows = s.execute(q.order_by(RequestRow.arrival, RequestRow.id).limit(ORDER_ROWS + 1)).all()
-            ids = [r.id for r in rows[:ORDER_ROWS]]
-            relabelled = {}
-            for i in range(0, len(ids), 500):   # a relabelled call has had its last level since its last relabel
-                q = select(RelabelRow.request_id, func.max(RelabelRow.at)).where(RelabelRow.request_id.in_(ids[i:i + 500]))
-                relabelled.update(s.execute(q.group_by(RelabelRow.request_id)).all())
-        return rows, relabelled
+            return order_calls(s, t0, t1)
 
-    rows, relabelled = await read_audit(app, load)
-    more, rows = len(rows) > ORDER_ROWS, rows[:ORDER_ROWS]
-    calls = [Served(r.id, r.effective_level, max(r.arrival, relabelled.get(r.id) or 0.0),
-                    r.first_token, r.finish, r.instance) for r in rows]
+    calls, more = await read_audit(app, load)
     return {"since": t0, "until": t1, "truncated": more,
             **order_audit(calls, tolerance_s=tolerance_s, tie_s=tie_s)}
 

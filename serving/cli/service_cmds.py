@@ -243,3 +243,64 @@ def db_verify(
         typer.echo(f"BROKEN after {res['events']} audit events ({what}): {res['problem']}")
     if not res["ok"]:
         raise typer.Exit(1)
+
+
+@db_app.command("order")
+def db_order(
+    db: DbOpt = None,
+    since: Annotated[Optional[str], typer.Option(help="calls that arrived from (ISO 8601 with a zone, or UNIX seconds)")] = None,
+    until: Annotated[Optional[str], typer.Option(help="... until (exclusive)")] = None,
+    tolerance: Annotated[float, typer.Option(min=0, max=60, help="s: a call started within this of a more urgent one's arrival was already running")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Was the most urgent call served first? The order check of GET /audit/order, offline on
+    the audit database: every call started while a more urgent one on its engine waited (the
+    inversions, per level). Exit 0: no ESI-1 call was overtaken; 1: some were (listed); 2:
+    nothing readable."""
+    import json
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session
+
+    from serving.api.audit_routes import parse_time
+    from serving.api.errors import APIError
+    from serving.db.order import order_calls
+    from serving.db.session import make_engine
+    from triage.order_audit import order_audit
+
+    try:
+        t0, t1 = parse_time(since, "--since"), parse_time(until, "--until")
+    except APIError as e:
+        raise typer.BadParameter(e.message) from None
+    url = _settings(db_url=db).resolved_db_url()
+    shown = make_url(url).render_as_string(hide_password=True)
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+        typer.echo(f"error: no database at {shown}", err=True)
+        raise typer.Exit(2)
+    eng = make_engine(url)
+    try:
+        with Session(eng) as s:
+            calls, more = order_calls(s, t0, t1)
+    except SQLAlchemyError as e:
+        why = str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
+        typer.echo(f"error: cannot read the requests of {shown}: {why}", err=True)
+        raise typer.Exit(2)
+    finally:
+        eng.dispose()
+    res = {"truncated": more, **order_audit(calls, tolerance_s=tolerance)}
+    if as_json:
+        typer.echo(json.dumps(res))
+    else:
+        e1 = res["esi1"]
+        typer.echo(f"{res['calls']} calls{' (the first 20,000)' if more else ''}: {e1['overtaken']} of {e1['calls']} ESI-1 "
+                   f"calls overtaken by a less urgent one, {res['inversions']} inversions at any level "
+                   f"(tolerance {tolerance:g} s)")
+        for lv, x in res["per_level"].items():
+            by = ", ".join(f"L{b} {n}" for b, n in x["overtaken_by_levels"].items()) or "-"
+            typer.echo(f"  L{lv}: {x['calls']} calls, {x['overtaken']} overtaken (pairs by level: {by})")
+        for w in res["worst"][:5]:
+            typer.echo(f"  {w['id']} (L{w['level']}) waited {w['waited_after_s']:.2f} s more after "
+                       f"{w['first_overtaker']['id']} (L{w['first_overtaker']['level']}) had its first token")
+    if not res["ok"]:
+        raise typer.Exit(1)

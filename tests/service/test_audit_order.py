@@ -1,13 +1,17 @@
-"""GET /audit/order: was the most urgent call served first? Read off the audit trail, and able
-to tell our scheduler from an FCFS engine on the same burst."""
+"""GET /audit/order and `triage db order`: was the most urgent call served first? Read off the
+audit trail, and able to tell our scheduler from an FCFS engine on the same burst."""
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.service.conftest import Server, chat, make_keys, make_settings
+from serving.cli import app
+
+from conftest import Server, chat, make_keys, make_settings
 
 SEATS_FULL = 40      # the CPU engine profile's 32 seats, and 8 calls waiting for one
 
@@ -41,6 +45,11 @@ def test_the_order_check_shows_esi1_served_first_by_triage_and_overtaken_under_f
             assert a.get("/audit/order", params={"since": "yesterday"}).status_code == 400
         with srv.client(keys["client"]) as c:
             assert c.get("/audit/order").status_code == 403
+    # the same check offline on the database (exit 1 when an ESI-1 call was overtaken)
+    cli = CliRunner().invoke(app, ["db", "order", "--db", db_url, "--tolerance", "0.3", "--json"])
+    assert cli.exit_code == (0 if rep["ok"] else 1), cli.output
+    offline = json.loads(cli.output.strip().splitlines()[-1])
+    assert {k: offline[k] for k in ("calls", "inversions", "per_level")} == {k: rep[k] for k in ("calls", "inversions", "per_level")}
     assert rep["calls"] == SEATS_FULL + 3 and rep["esi1"]["calls"] == 3 and rep["truncated"] is False
     if policy == "triage":   # each ESI-1 call takes a seat from a level-5 call at once
         assert rep["ok"] is True and rep["inversions"] == 0, rep["worst"][:3]
@@ -51,3 +60,11 @@ def test_the_order_check_shows_esi1_served_first_by_triage_and_overtaken_under_f
         assert set(by) == {"5"} and by["5"] >= 3 * (SEATS_FULL - 32)
         w = rep["worst"][0]
         assert w["level"] == 1 and w["first_overtaker"]["level"] == 5 and w["waited_after_s"] > 0
+
+
+def test_db_order_refuses_what_it_cannot_read(tmp_path):
+    run = CliRunner().invoke
+    r = run(app, ["db", "order", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert r.exit_code == 2 and "no database at" in r.output
+    r = run(app, ["db", "order", "--db", f"sqlite:///{tmp_path / 'none.db'}", "--since", "yesterday"])
+    assert r.exit_code == 2 and "ISO 8601 or UNIX seconds" in r.output

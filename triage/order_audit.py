@@ -20,8 +20,8 @@ A call that never had a first token (shed, cancelled, failed) waited until it en
 with neither is left out. Calls on different engines never form a pair (which engine a
 call goes to is the router's decision, reported by the cluster benchmark, not this check).
 
-A sweep over time, per engine and level, counts every inverted pair in O(n log n + pairs
-reported): no pair of calls is compared twice.
+A sweep over time, per engine and level, counts every inverted pair in O(n log n +
+inverted pairs): a call, at its first token, meets only the more urgent calls waiting then.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def order_audit(calls: list[Served], *, tolerance_s: float = DEFAULT_TOLERANCE_S
         if c.first_token is not None:
             events.append((c.first_token, SERVE, c))
     events.sort(key=lambda e: (e[0], e[1]))
-    waiting: dict[tuple, dict[int, dict[str, Served]]] = defaultdict(lambda: defaultdict(dict))
+    waiting: dict[str | None, dict[int, dict[str, Served]]] = defaultdict(lambda: defaultdict(dict))   # instance, level
     overtaken: dict[str, dict] = {}
     pairs: dict[tuple[int, int], int] = defaultdict(int)   # (level overtaken, level that overtook) -> pairs
     for t, kind, c in events:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from serving.api.errors import APIError
 from serving.auth import AuditorKey
-from serving.db.models import AuditEventRow, RelabelRow, RequestRow
+from serving.db.models import AuditEventRow, RelabelRow, RequestRow, arrived
 from serving.db.writer import verify
 from serving.db.order import order_calls
 from triage.order_audit import DEFAULT_TIE_S, DEFAULT_TOLERANCE_S, order_audit
@@ -54,15 +54,6 @@ def parse_time(v: str | None, name: str) -> float | None:
     if dt.tzinfo is None:
         raise APIError(400, f"{name} needs a time zone (e.g. 2026-01-01T00:00:00Z)", param=name)
     return dt.timestamp()
-
-
-def arrived(q, t0: float | None, t1: float | None):
-    """`q` restricted to the requests that arrived in [t0, t1) (either end open when None)."""
-    if t0 is not None:
-        q = q.where(RequestRow.arrival >= t0)
-    if t1 is not None:
-        q = q.where(RequestRow.arrival < t1)
-    return q
 
 
 async def read_audit(app, load):

@@ -63,6 +63,15 @@ class RequestRow(Base):
     __table_args__ = (Index("ix_requests_arrival", "arrival"), Index("ix_requests_effective_level", "effective_level"))
 
 
+def arrived(q, t0: float | None, t1: float | None):
+    """`q` restricted to the requests that arrived in [t0, t1) (either end open when None)."""
+    if t0 is not None:
+        q = q.where(RequestRow.arrival >= t0)
+    if t1 is not None:
+        q = q.where(RequestRow.arrival < t1)
+    return q
+
+
 class PriorityClassRow(Base):
     __tablename__ = "priority_classes"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from serving.db.models import RelabelRow, RequestRow
+from serving.db.models import RelabelRow, RequestRow, arrived
 from triage.order_audit import Served
 
 MAX_CALLS = 20000
@@ -16,12 +16,8 @@ MAX_CALLS = 20000
 def order_calls(s: Session, t0: float | None, t1: float | None, limit: int = MAX_CALLS) -> tuple[list[Served], bool]:
     """The first `limit` calls that arrived in [t0, t1) (either end open when None), and
     whether there were more."""
-    q = select(RequestRow.id, RequestRow.effective_level, RequestRow.arrival, RequestRow.first_token,
-               RequestRow.finish, RequestRow.instance)
-    if t0 is not None:
-        q = q.where(RequestRow.arrival >= t0)
-    if t1 is not None:
-        q = q.where(RequestRow.arrival < t1)
+    q = arrived(select(RequestRow.id, RequestRow.effective_level, RequestRow.arrival, RequestRow.first_token,
+                       RequestRow.finish, RequestRow.instance), t0, t1)
     rows = s.execute(q.order_by(RequestRow.arrival, RequestRow.id).limit(limit + 1)).all()
     more, rows = len(rows) > limit, rows[:limit]
     ids = [r.id for r in rows]

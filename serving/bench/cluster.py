@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Callable
 
 from serving.bench.loadgen import Call, Result, run_calls
-from serving.bench.report import against, engine_cpu_ms_a_step, steal_note, summarize
+from serving.bench.report import (ORDER_COUNTS, against, engine_cpu_ms_a_step, order_note, served_in_order,
+                                  steal_note, summarize)
 from serving.bench.serve import REPORT_KEYS, cpu_seconds, engine_counters, steal_seconds
 from serving.bench.systems import (BENCH_ROLE_LIMITS, KEY_LINE, MODEL_NAME, BenchError, EngineSizes, Server, alternating,
                                    port_free, require_free_port, reset_prefix_cache, stop)
@@ -216,18 +217,20 @@ def audit_rows(db: Path) -> dict:
     level the time a call spent in the front end before it was handed to an instance
     (arrival to dispatch: reading, classifying, the admission queue), p50 / max in ms."""
     if not db.exists():
-        return {"rows": 0, "outcomes": {}, "per_instance": {}, "front_ms": {}}
+        return {"rows": 0, "outcomes": {}, "per_instance": {}, "instance_of": {}, "front_ms": {}}
     with contextlib.closing(sqlite3.connect(str(db))) as c:
         outcomes = dict(c.execute("SELECT outcome, count(*) FROM requests GROUP BY outcome").fetchall())
         (t0,) = c.execute("SELECT min(arrival) FROM requests").fetchone()
         inst = per_instance(c.execute("SELECT coalesce(instance, '-'), output_tokens, finish FROM requests").fetchall(),
                             t0 or 0.0)
+        instance_of = dict(c.execute("SELECT id, instance FROM requests").fetchall())
         waits: dict[str, list[float]] = {}
         for level, wait in c.execute("SELECT effective_level, dispatched - arrival FROM requests "
                                      "WHERE dispatched IS NOT NULL"):
             waits.setdefault(str(level), []).append(1000 * wait)
     front = {lv: {"p50": round(statistics.median(w), 1), "max": round(max(w), 1)} for lv, w in sorted(waits.items())}
-    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "per_instance": inst, "front_ms": front}
+    return {"rows": sum(outcomes.values()), "outcomes": outcomes, "per_instance": inst, "instance_of": instance_of,
+            "front_ms": front}
 
 
 def slowest_esi1(db: Path, res: list[Result], n: int = 3) -> list[dict]:
@@ -402,6 +405,8 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
         audit = audit_rows(front.extra["dir"] / "audit.db")
         audit["esi1_slowest"] = slowest_esi1(front.extra["dir"] / "audit.db", res)
         load = audit.pop("per_instance")   # calls, output tokens and last finish per instance
+        served_by = audit.pop("instance_of")
+        where = {r.call.idx: served_by[r.request_id] for r in res if r.request_id in served_by}
     if timer is not None:
         timer.cancel()
         timer.join(1)
@@ -409,6 +414,7 @@ def run_router(router: str, calls: list[Call], plan: ClusterPlan, model: str, in
     ends = [r.end for r in res if r.end is not None]
     wall = max(ends) - min(sent) if ends and sent else float("nan")
     out = summarize(res, [wall], classes)
+    out["order"] = served_in_order(res, where)   # per instance: which one served each call
     ok = [r for r in res if r.ok]
     unclear = [r for r in res if not r.ok and not clear_error(r)]
     missing = max(0, len(calls) - audit["rows"]) if audit is not None else 0
@@ -456,7 +462,8 @@ def turn_order(routers: list[str], turns: int) -> list[str]:
 
 
 TURN_FIELDS = ("tokens_per_s", "wall_s", "errors", "lost", "cpu_s", "engine_steps", "engine_tokens", "preemptions",
-               "per_instance", "vm_steal_s", "engine_cpu_ms_a_step", "faults", "front_pauses", "audit", "killed", "after_kill")
+               "per_instance", "vm_steal_s", "engine_cpu_ms_a_step", "faults", "front_pauses", "audit", "killed", "after_kill",
+               "order")
 
 
 def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
@@ -475,6 +482,9 @@ def merge_turns(runs: list[tuple[dict, list[Result]]], classes) -> dict:
     for key in REPORT_KEYS.values():
         out[key] = [r.get(key) for r in reps]
     out["vm_steal_s"] = round(sum(r.get("vm_steal_s", 0.0) for r in reps), 2)
+    orders = [r.get("order") for r in reps]   # each turn's check on its own instances' assignment
+    out["order"] = ({k: sum(o[k] for o in orders) for k in ORDER_COUNTS} | {"tolerance_s": orders[0]["tolerance_s"]}
+                    if all(orders) else None)
     out["turns"] = [{k: r[k] for k in TURN_FIELDS if k in r} | {"esi1_ttft_p50_ms": r["esi1_caught"]["ttft_p50_ms"]}
                     for r in reps]
     return out
@@ -543,7 +553,8 @@ def line(name: str, s: dict) -> str:
     one = s["per_level"].get("1", {})
     return (f"{name}: {s['completed']} ok, {s['errors']} clear errors, {s['lost']} lost, TDG {s['tdg_ratio']}, "
             f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
-            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + steal_note(s.get("vm_steal_s"))
+            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + order_note(s.get("order"))
+            + steal_note(s.get("vm_steal_s"))
             + "".join(f"\n  {url}: {d['calls']} calls, {d['output_tokens']} output tokens, last done {d['last_finish_s']} s"
                       + _engine_note(d) for url, d in s.get("per_instance", {}).items()))
 

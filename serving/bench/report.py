@@ -102,18 +102,30 @@ def summarize(results: list[Result], walls: list[float], classes: PriorityClasse
     return out
 
 
-def served_in_order(results: list[Result]) -> dict | None:
-    """The order check (triage/order_audit.py, the same as `GET /audit/order`) on one engine,
-    from the client's clock: each call at the level the system served it at, or, for a
-    system told no level (stock vLLM fcfs), at our classifier's, so every system is judged
-    by the same levels. None without levels."""
-    calls = [Served(str(i), lv, r.sent, r.first, r.end)
-             for i, r in enumerate(results) if r.sent and (lv := r.level or r.call.predicted) is not None]
+ORDER_COUNTS = ("esi1_calls", "esi1_overtaken", "overtaken", "inversions")
+
+
+def served_in_order(results: list[Result], where: dict[int, str] | None = None) -> dict | None:
+    """The order check (triage/order_audit.py, the same as `GET /audit/order`) from the
+    client's clock: each call at the level the system served it at, or, for a system told no
+    level (stock vLLM fcfs), at our classifier's, so every system is judged by the same
+    levels; on one engine, or per engine where `where` maps a call's index to the one that
+    served it. A call that failed before its first token is left out (when it ended is not
+    known). None without levels."""
+    calls = [Served(str(i), lv, r.sent, r.first, r.end, where.get(r.call.idx) if where else None)
+             for i, r in enumerate(results)
+             if (r.first is not None or r.end is not None) and (lv := r.level or r.call.predicted) is not None]
     if not calls:
         return None
     rep = order_audit(calls)
     return {"esi1_calls": rep["esi1"]["calls"], "esi1_overtaken": rep["esi1"]["overtaken"],
             "overtaken": rep["overtaken"], "inversions": rep["inversions"], "tolerance_s": rep["tolerance_s"]}
+
+
+def order_note(o: dict | None) -> str:
+    """The order check on a benchmark's summary line."""
+    return (f", ESI-1 calls overtaken by a less urgent one {o['esi1_overtaken']} of {o['esi1_calls']} "
+            f"({o['inversions']} inversions in all)") if o else ""
 
 
 def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:

@@ -195,16 +195,13 @@ def _rate_scale(value: str) -> float:
 
 
 def _line(name: str, s: dict) -> str:
-    from serving.bench.report import steal_note
+    from serving.bench.report import order_note, steal_note
 
     one = s["per_level"].get("1", {})
-    o = s.get("order")
-    order = (f", ESI-1 calls overtaken by a less urgent one {o['esi1_overtaken']} of {o['esi1_calls']} "
-             f"({o['inversions']} inversions in all)") if o else ""
     return (f"{name}: {s['completed']} ok, {s['errors']} errors, {s['tokens_per_s']} tok/s, burst {s['wall_s']} s, "
             f"ESI-1 TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms "
             f"(caught: {s['esi1_caught']}), idle {s['idle_ttft_ms']} ms, client late <= {s['client_late_max_ms']} ms"
-            + order + steal_note(s.get("vm_steal_s")))
+            + order_note(s.get("order")) + steal_note(s.get("vm_steal_s")))
 
 
 def _plot(out: dict, raw: dict, path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from serving.bench import cluster
+from serving.bench.report import served_in_order
 from serving.engine import lower_engine_priority
 
 
@@ -106,7 +107,8 @@ def test_turns_are_reported_together_and_each_on_its_own():
                       tokens=tokens, level=1 if i == 0 else 3) for i in range(2)]
         rep = cluster.summarize(res, [wall], classes) | {"lost": 0, "lost_examples": [], "audit_rows_missing": 0,
                                                         "cpu_s": {"front": cpu, "instances_engine": 10 * cpu},
-                                                        "engine_steps": [50, 60], "errors": 0, "vm_steal_s": steal}
+                                                        "engine_steps": [50, 60], "errors": 0, "vm_steal_s": steal,
+                                                        "order": served_in_order(res, {0: "i0", 1: "i1"})}
         return rep, res
 
     one, two = turn(30, 10.0, 1.0), turn(10, 30.0, 2.0, steal=4.5)
@@ -121,6 +123,20 @@ def test_turns_are_reported_together_and_each_on_its_own():
     # the turn the hypervisor slowed is marked, and so is the pooled line
     assert [t["vm_steal_s"] for t in m["turns"]] == [0.0, 4.5] and m["vm_steal_s"] == 4.5
     assert "VM steal 4.5 CPU-s" in cluster.line("gorouting", m) and "VM steal" not in cluster.line("gorouting", one[0])
+    # the order check adds up over the turns (each judged on its own turn's instances)
+    assert m["order"] == {"esi1_calls": 2, "esi1_overtaken": 0, "overtaken": 0, "inversions": 0, "tolerance_s": 1.0}
+    assert "ESI-1 calls overtaken by a less urgent one 0 of 2" in cluster.line("gorouting", m)
+
+
+def test_the_order_check_pairs_calls_on_one_instance_only():
+    """An ESI-1 call waiting on one instance is not overtaken by a call another instance
+    started (which instance gets a call is the router's business); on its own instance it is."""
+    from serving.bench.loadgen import Call, Result
+
+    urgent = Result(Call(0, "t", 1, "dispatch", 0.0, 8), sent=100.0, first=103.0, end=104.0, tokens=8, level=1)
+    chat = Result(Call(1, "t", 5, "chat", 0.0, 8), sent=100.5, first=102.0, end=103.0, tokens=8, level=5)
+    assert served_in_order([urgent, chat], {0: "i0", 1: "i1"})["esi1_overtaken"] == 0
+    assert served_in_order([urgent, chat], {0: "i0", 1: "i0"})["esi1_overtaken"] == 1
 
 
 def test_front_pauses_reads_the_front_ends_stalls_and_longest_collections():
@@ -211,6 +227,7 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
         s.commit()
     got = cluster.audit_rows(tmp_path / "audit.db")
     assert got["rows"] == 4 and got["outcomes"] == {"ok": 3, "shed": 1}
+    assert got["instance_of"] == {"a": "http://i0", "b": "http://i0", "c": "http://i1", "d": None}
     assert got["per_instance"] == {"-": {"calls": 1, "output_tokens": 0, "last_finish_s": None},
                                    "http://i0": {"calls": 2, "output_tokens": 102, "last_finish_s": 40.79},
                                    "http://i1": {"calls": 1, "output_tokens": 10, "last_finish_s": 40.57}}

@@ -192,6 +192,24 @@ def db_check(db: DbOpt = None) -> None:
     typer.echo("schema equals the models")
 
 
+def _existing_db(db: str | None) -> tuple[str, str]:
+    """The audit database's URL and how to show it (no password); exit 2 where a SQLite
+    file is not there (opening it would create an empty one)."""
+    from sqlalchemy.engine import make_url
+
+    url = _settings(db_url=db).resolved_db_url()
+    shown = make_url(url).render_as_string(hide_password=True)
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+        typer.echo(f"error: no database at {shown}", err=True)
+        raise typer.Exit(2)
+    return url, shown
+
+
+def _driver_says(e: Exception) -> str:
+    """The database driver's own first line: no password, no SQL."""
+    return str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
+
+
 @db_app.command("verify")
 def db_verify(
     db: DbOpt = None,
@@ -218,21 +236,15 @@ def db_verify(
         what = f"export {export}, events {res['first_id']}-{res['last_id']}" + (
             "" if res["starts_at_genesis"] else f", from prev_hash {res['first_prev_hash'][:16]}… (a window: match it to the export before)")
     else:
-        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import SQLAlchemyError
 
         from serving.db.writer import verify_url
 
-        url = _settings(db_url=db).resolved_db_url()
-        shown = make_url(url).render_as_string(hide_password=True)
-        if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
-            typer.echo(f"error: no database at {shown}", err=True)
-            raise typer.Exit(2)
+        url, shown = _existing_db(db)
         try:
             res = verify_url(url)
-        except SQLAlchemyError as e:   # the driver's own first line: no password, no SQL
-            why = str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
-            typer.echo(f"error: cannot read the audit events of {shown}: {why}", err=True)
+        except SQLAlchemyError as e:
+            typer.echo(f"error: cannot read the audit events of {shown}: {_driver_says(e)}", err=True)
             raise typer.Exit(2)
         what = f"database {shown}"
     if as_json:
@@ -259,7 +271,6 @@ def db_order(
     nothing readable."""
     import json
 
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
@@ -273,18 +284,13 @@ def db_order(
         t0, t1 = parse_time(since, "--since"), parse_time(until, "--until")
     except APIError as e:
         raise typer.BadParameter(e.message) from None
-    url = _settings(db_url=db).resolved_db_url()
-    shown = make_url(url).render_as_string(hide_password=True)
-    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
-        typer.echo(f"error: no database at {shown}", err=True)
-        raise typer.Exit(2)
+    url, shown = _existing_db(db)
     eng = make_engine(url)
     try:
         with Session(eng) as s:
             calls, more = order_calls(s, t0, t1)
     except SQLAlchemyError as e:
-        why = str(getattr(e, "orig", None) or type(e).__name__).strip().splitlines()[0][:200]
-        typer.echo(f"error: cannot read the requests of {shown}: {why}", err=True)
+        typer.echo(f"error: cannot read the requests of {shown}: {_driver_says(e)}", err=True)
         raise typer.Exit(2)
     finally:
         eng.dispose()

@@ -1,6 +1,7 @@
 """Engines and sessions for SQLite (default) and PostgreSQL; schema via Alembic."""
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
@@ -33,9 +34,17 @@ def make_engine(url: str, *, busy_timeout_s: float = 2.0) -> Engine:
         eng = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
 
         @event.listens_for(eng, "connect")
-        def _pragmas(dbapi_conn, _rec):  # pragma: no cover - trivial
+        def _pragmas(dbapi_conn, _rec):
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError:
+                # "database is locked": another connection held the file at this instant (seen
+                # in CI: two writers connecting at once, one of them switching the file to WAL).
+                # WAL is a property of the file, kept once any connection set it, and every
+                # connection uses it from its next transaction; failing here failed the write
+                # for nothing.
+                pass
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 

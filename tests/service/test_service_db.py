@@ -207,11 +207,15 @@ def test_two_processes_writing_audit_events_at_once_keep_one_chain(db_url, tmp_p
     engines = [make_engine(db_url) for _ in range(2)]
     writers = [AuditWriter(e, tmp_path / f"spool{i}.jsonl") for i, e in enumerate(engines)]
     start = threading.Barrier(2)
+    failed: list[BaseException] = []
 
     def append(i: int) -> None:
         start.wait()
-        for k in range(150):
-            writers[i].write_now([Record("key.created", time.time(), "cli", None, {"key_id": f"{i}-{k}"})])
+        try:
+            for k in range(150):
+                writers[i].write_now([Record("key.created", time.time(), "cli", None, {"key_id": f"{i}-{k}"})])
+        except BaseException as e:   # a thread's exception would otherwise vanish
+            failed.append(e)
 
     threads = [threading.Thread(target=append, args=(i,)) for i in range(2)]
     for t in threads:
@@ -219,10 +223,34 @@ def test_two_processes_writing_audit_events_at_once_keep_one_chain(db_url, tmp_p
     for t in threads:
         t.join()
     try:
+        assert not failed, failed   # on SQLite neither starves the other into "database is locked"
         assert verify(engines[0]) == {"ok": True, "events": 300, "problem": None}
     finally:
         for e in engines:
             e.dispose()
+
+
+def test_a_writer_connecting_while_another_holds_a_fresh_sqlite_file_still_writes(tmp_path):
+    """A new database file is not in WAL mode until a connection switches it, and switching
+    needs the file to itself: a second writer connecting while the first one wrote failed with
+    "database is locked" on its WAL pragma (the failure CI met in the test above). It now
+    connects, and writes once the lock is free."""
+    from serving.db.session import make_engine, upgrade
+    from serving.db.writer import AuditWriter, Record, verify
+
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    upgrade(url)
+    holder = sqlite3.connect(tmp_path / "fresh.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    eng = make_engine(url, busy_timeout_s=0.2)
+    try:
+        eng.connect().close()
+        holder.execute("COMMIT")
+        AuditWriter(eng, tmp_path / "spool.jsonl").write_now([Record("key.created", time.time(), "cli", None, {})])
+        assert verify(eng) == {"ok": True, "events": 1, "problem": None}
+    finally:
+        holder.close()
+        eng.dispose()
 
 
 # --- outage ---------------------------------------------------------------------------------

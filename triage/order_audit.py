@@ -17,7 +17,14 @@ is a pair on one engine:
         first tokens of one step differ by the relay's jitter, not by a step).
 
 A call that never had a first token (shed, cancelled, failed) waited until it ended; one
-with neither is left out. Calls on different engines never form a pair (which engine a
+with neither is left out.
+
+Of the inversions, those where B came after A (B known later than A) are counted apart
+(`overtaken_by_later`): the queue was jumped outright, with no step that began before A
+came to excuse it. An inversion by a B that was already there when A came can also be an
+engine step longer than `tolerance_s` that started B's prefill before A arrived (stock
+vLLM on one CPU core prefills a burst's first prompts in steps of over a second); one by a
+later B cannot. Calls on different engines never form a pair (which engine a
 call goes to is the router's decision, reported by the cluster benchmark, not this check).
 
 A sweep over time, per engine and level, counts every inverted pair in O(n log n +
@@ -69,6 +76,7 @@ def order_audit(calls: list[Served], *, tolerance_s: float = DEFAULT_TOLERANCE_S
     waiting: dict[str | None, dict[int, dict[str, Served]]] = defaultdict(lambda: defaultdict(dict))   # instance, level
     overtaken: dict[str, dict] = {}
     pairs: dict[tuple[int, int], int] = defaultdict(int)   # (level overtaken, level that overtook) -> pairs
+    later_pairs = 0                                          # ... of which the overtaker came after
     for t, kind, c in events:
         w = waiting[c.instance]
         if kind == ENTER:
@@ -81,29 +89,37 @@ def order_audit(calls: list[Served], *, tolerance_s: float = DEFAULT_TOLERANCE_S
                     pairs[(a.level, c.level)] += 1
                     o = overtaken.get(a.id)
                     if o is None:
-                        overtaken[a.id] = o = {"call": a, "by": 0, "first": c}
+                        overtaken[a.id] = o = {"call": a, "by": 0, "by_later": 0, "first": c}
                     o["by"] += 1
-    return _report(calls, overtaken, pairs, tolerance_s, tie_s, examples)
+                    if c.known > a.known:   # it came after A: the queue was jumped
+                        o["by_later"] += 1
+                        later_pairs += 1
+    return _report(calls, overtaken, pairs, later_pairs, tolerance_s, tie_s, examples)
 
 
-def _report(calls, overtaken, pairs, tolerance_s, tie_s, examples) -> dict:
+def _report(calls, overtaken, pairs, later_pairs, tolerance_s, tie_s, examples) -> dict:
     per_level: dict[int, dict] = {}
     for c in calls:
-        d = per_level.setdefault(c.level, {"calls": 0, "overtaken": 0, "overtaken_by_levels": {}})
+        d = per_level.setdefault(c.level, {"calls": 0, "overtaken": 0, "overtaken_by_later": 0,
+                                           "overtaken_by_levels": {}})
         d["calls"] += 1
     for o in overtaken.values():
         per_level[o["call"].level]["overtaken"] += 1
+        per_level[o["call"].level]["overtaken_by_later"] += o["by_later"] > 0
     for (la, lb), n in sorted(pairs.items()):
         by = per_level[la]["overtaken_by_levels"]
         by[str(lb)] = by.get(str(lb), 0) + n
     worst = sorted(overtaken.values(), key=lambda o: o["call"].left_queue - o["first"].first_token, reverse=True)
-    esi1 = per_level.get(1, {"calls": 0, "overtaken": 0})
+    esi1 = per_level.get(1, {"calls": 0, "overtaken": 0, "overtaken_by_later": 0})
     return {
         "calls": len(calls),
         "inversions": sum(pairs.values()),
+        "inversions_by_later": later_pairs,
         "overtaken": len(overtaken),
+        "overtaken_by_later": sum(o["by_later"] > 0 for o in overtaken.values()),
         "ok": esi1["overtaken"] == 0,
-        "esi1": {"calls": esi1["calls"], "overtaken": esi1["overtaken"]},
+        "esi1": {"calls": esi1["calls"], "overtaken": esi1["overtaken"],
+                 "overtaken_by_later": esi1["overtaken_by_later"]},
         "per_level": {str(lv): per_level[lv] for lv in sorted(per_level)},
         "tolerance_s": tolerance_s, "tie_s": tie_s,
         "worst": [_example(o) for o in worst[:examples]],
@@ -114,5 +130,6 @@ def _example(o: dict) -> dict:
     a, b = o["call"], o["first"]
     return {"id": a.id, "level": a.level, "instance": a.instance, "known": a.known,
             "first_token": a.first_token, "ended": a.ended, "overtaken_by": o["by"],
+            "overtaken_by_later": o["by_later"],
             "first_overtaker": {"id": b.id, "level": b.level, "first_token": b.first_token},
             "waited_after_s": round(a.left_queue - b.first_token, 6)}

@@ -102,7 +102,8 @@ def summarize(results: list[Result], walls: list[float], classes: PriorityClasse
     return out
 
 
-ORDER_COUNTS = ("esi1_calls", "esi1_overtaken", "overtaken", "inversions")
+ORDER_COUNTS = ("esi1_calls", "esi1_overtaken", "esi1_overtaken_by_later", "overtaken", "overtaken_by_later",
+                "inversions")
 
 
 def served_in_order(results: list[Result], where: dict[int, str] | None = None) -> dict | None:
@@ -119,13 +120,15 @@ def served_in_order(results: list[Result], where: dict[int, str] | None = None) 
         return None
     rep = order_audit(calls)
     return {"esi1_calls": rep["esi1"]["calls"], "esi1_overtaken": rep["esi1"]["overtaken"],
-            "overtaken": rep["overtaken"], "inversions": rep["inversions"], "tolerance_s": rep["tolerance_s"]}
+            "esi1_overtaken_by_later": rep["esi1"]["overtaken_by_later"], "overtaken": rep["overtaken"],
+            "overtaken_by_later": rep["overtaken_by_later"], "inversions": rep["inversions"],
+            "tolerance_s": rep["tolerance_s"]}
 
 
 def order_note(o: dict | None) -> str:
     """The order check on a benchmark's summary line."""
-    return (f", ESI-1 calls overtaken by a less urgent one {o['esi1_overtaken']} of {o['esi1_calls']} "
-            f"({o['inversions']} inversions in all)") if o else ""
+    return (f", ESI-1 calls overtaken by a less urgent one {o['esi1_overtaken']} of {o['esi1_calls']}, "
+            f"by one that came later {o['esi1_overtaken_by_later']} ({o['inversions']} inversions in all)") if o else ""
 
 
 def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:

@@ -300,11 +300,12 @@ def db_order(
     else:
         e1 = res["esi1"]
         typer.echo(f"{res['calls']} calls{' (the first 20,000)' if more else ''}: {e1['overtaken']} of {e1['calls']} ESI-1 "
-                   f"calls overtaken by a less urgent one, {res['inversions']} inversions at any level "
-                   f"(tolerance {tolerance:g} s)")
+                   f"calls overtaken by a less urgent one ({e1['overtaken_by_later']} by one that came later), "
+                   f"{res['inversions']} inversions at any level (tolerance {tolerance:g} s)")
         for lv, x in res["per_level"].items():
             by = ", ".join(f"L{b} {n}" for b, n in x["overtaken_by_levels"].items()) or "-"
-            typer.echo(f"  L{lv}: {x['calls']} calls, {x['overtaken']} overtaken (pairs by level: {by})")
+            typer.echo(f"  L{lv}: {x['calls']} calls, {x['overtaken']} overtaken, {x['overtaken_by_later']} by a later "
+                       f"call (pairs by level: {by})")
         for w in res["worst"][:5]:
             typer.echo(f"  {w['id']} (L{w['level']}) waited {w['waited_after_s']:.2f} s more after "
                        f"{w['first_overtaker']['id']} (L{w['first_overtaker']['level']}) had its first token")

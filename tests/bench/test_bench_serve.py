@@ -96,7 +96,11 @@ def test_the_order_check_judges_every_system_by_the_same_levels():
     urgent, chat = _result(0, 1, 1, 3.0), _result(1, 5, 5, 1.5, kind="chat")
     chat.sent, chat.first = 100.5, 102.0          # came 0.5 s after the ESI-1 call, served 1 s before it
     o = served_in_order([urgent, chat])
-    assert o == {"esi1_calls": 1, "esi1_overtaken": 1, "overtaken": 1, "inversions": 1, "tolerance_s": 1.0}
+    assert o == {"esi1_calls": 1, "esi1_overtaken": 1, "esi1_overtaken_by_later": 1, "overtaken": 1,
+                 "overtaken_by_later": 1, "inversions": 1, "tolerance_s": 1.0}
+    chat.sent = 99.5                              # there first: overtaken, but not by a later call
+    assert served_in_order([urgent, chat])["esi1_overtaken_by_later"] == 0
+    chat.sent = 100.5
     chat.first = 100.9                            # within the tolerance: it was running when the ESI-1 call came
     assert served_in_order([urgent, chat])["esi1_overtaken"] == 0
     blind = [replace(r, level=None, call=replace(r.call, predicted=r.level)) for r in (urgent, chat)]

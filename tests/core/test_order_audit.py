@@ -17,8 +17,9 @@ def test_a_less_urgent_call_started_after_an_esi1_call_was_known_is_an_inversion
     # first token at 2.0: the engine started it while the ESI-1 call waited
     rep = order_audit([call(1, 1, 0.0, 3.0), call(2, 5, 0.5, 2.0)], tolerance_s=1.0)
     assert rep["ok"] is False
-    assert rep["inversions"] == 1 and rep["esi1"] == {"calls": 1, "overtaken": 1}
+    assert rep["inversions"] == 1 and rep["esi1"] == {"calls": 1, "overtaken": 1, "overtaken_by_later": 1}
     assert rep["per_level"]["1"]["overtaken_by_levels"] == {"5": 1}
+    assert rep["inversions_by_later"] == 1   # it came after the ESI-1 call: the queue was jumped
     w = rep["worst"][0]
     assert w["id"] == "r1" and w["first_overtaker"]["id"] == "r2" and w["waited_after_s"] == pytest.approx(1.0)
 
@@ -34,7 +35,19 @@ def test_what_the_design_allows_is_not_counted():
     ]
     rep = order_audit(calls, tolerance_s=0.5, tie_s=0.05)
     assert rep["inversions"] == 0 and rep["ok"] is True
-    assert rep["per_level"]["1"] == {"calls": 1, "overtaken": 0, "overtaken_by_levels": {}}
+    assert rep["per_level"]["1"] == {"calls": 1, "overtaken": 0, "overtaken_by_later": 0, "overtaken_by_levels": {}}
+
+
+def test_an_overtaker_that_was_there_first_is_told_apart_from_one_that_came_later():
+    # an ESI-1 call known at 1.0 waited until 5.0; a level-5 call there since 0.0 had its first
+    # token at 2.5 (a long step may have begun its prefill before the ESI-1 call came), and a
+    # level-4 call that came at 1.5 had its first token at 3.0 (it jumped the queue)
+    rep = order_audit([call(1, 1, 1.0, 5.0), call(2, 5, 0.0, 2.5), call(3, 4, 1.5, 3.0)], tolerance_s=1.0)
+    assert rep["inversions"] == 2 and rep["inversions_by_later"] == 1
+    assert rep["esi1"] == {"calls": 1, "overtaken": 1, "overtaken_by_later": 1}
+    assert rep["worst"][0]["overtaken_by"] == 2 and rep["worst"][0]["overtaken_by_later"] == 1
+    only_earlier = order_audit([call(1, 1, 1.0, 5.0), call(2, 5, 0.0, 2.5)], tolerance_s=1.0)
+    assert only_earlier["esi1"] == {"calls": 1, "overtaken": 1, "overtaken_by_later": 0}
 
 
 def test_a_call_that_never_had_a_first_token_waited_until_it_ended():
@@ -50,14 +63,19 @@ def test_bad_bounds_are_refused():
 
 
 def brute_force(calls, tol, tie):
-    n = 0
+    """(inversions, of them by a later call, calls overtaken by a later call)"""
+    n = later = 0
+    jumped = set()
     for a in calls:
         for b in calls:
             if a.level < b.level and a.instance == b.instance and b.first_token is not None \
                     and a.left_queue is not None \
                     and b.first_token > a.known + tol and b.first_token < a.left_queue - tie:
                 n += 1
-    return n
+                if b.known > a.known:
+                    later += 1
+                    jumped.add(a.id)
+    return n, later, len(jumped)
 
 
 times = st.floats(0, 20, allow_nan=False).map(lambda x: round(x, 2))
@@ -78,5 +96,5 @@ def calls_st(draw):
 @given(calls_st(), st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([0.0, 0.05]))
 def test_the_sweep_counts_exactly_the_pairs_a_pairwise_check_finds(calls, tol, tie):
     rep = order_audit(calls, tolerance_s=tol, tie_s=tie)
-    assert rep["inversions"] == brute_force(calls, tol, tie)
+    assert (rep["inversions"], rep["inversions_by_later"], rep["overtaken_by_later"]) == brute_force(calls, tol, tie)
     assert rep["ok"] == (rep["esi1"]["overtaken"] == 0)

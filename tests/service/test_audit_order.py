@@ -55,6 +55,8 @@ def test_the_order_check_shows_esi1_served_first_by_triage_and_overtaken_under_f
         assert rep["ok"] is True and rep["inversions"] == 0, rep["worst"][:3]
     else:                    # FCFS starts the 8 level-5 calls that were waiting first, one a step
         assert rep["ok"] is False and rep["esi1"]["overtaken"] == 3
+        # ... by calls that were there first: FCFS keeps the arrival order, it ignores urgency
+        assert rep["esi1"]["overtaken_by_later"] == 0 and rep["inversions_by_later"] == 0
         # each at least by those 8 (by more where the front end was still classifying the burst)
         by = rep["per_level"]["1"]["overtaken_by_levels"]
         assert set(by) == {"5"} and by["5"] >= 3 * (SEATS_FULL - 32)

@@ -440,10 +440,11 @@ def test_the_audit_page_says_whether_the_most_urgent_calls_were_served_first(con
     _wait(lambda: f"{want['calls']} calls" in driver.find_element(By.ID, "order-state").text, what="the order check, all time")
     state = driver.find_element(By.ID, "order-state").text
     assert ("No ESI-1 call overtaken" in state) == want["ok"] and f"{want['inversions']} inversion" in state
-    rows = {r.get_attribute("data-level"): r.text for r in _css(driver, "#order-levels tr[data-level]")}
+    rows = {r.get_attribute("data-level"): [td.text for td in r.find_elements(By.TAG_NAME, "td")]
+            for r in _css(driver, "#order-levels tr[data-level]")}
     assert set(rows) == set(want["per_level"])
-    for lv, x in want["per_level"].items():
-        assert f"L{lv}" in rows[lv] and str(x["overtaken"]) in rows[lv]
+    for lv, x in want["per_level"].items():   # level, calls, overtaken, of them by a later call, by levels
+        assert f"L{lv}" in rows[lv][0] and rows[lv][1:4] == [str(x["calls"]), str(x["overtaken"]), str(x["overtaken_by_later"])]
     if want["worst"]:
         first = _css(driver, "#order-worst tr[data-id]")[0]
         assert first.get_attribute("data-id") == want["worst"][0]["id"]

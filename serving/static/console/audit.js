@@ -50,11 +50,11 @@ async function loadOrder() {
   const verdict = el("p", {id: "order-state"},
     el("span", {class: "pill " + (r.ok ? "ok" : "bad")}, r.ok ? "✓ No ESI-1 call overtaken" : `✗ ${e1.overtaken} ESI-1 call${e1.overtaken === 1 ? "" : "s"} overtaken`),
     ` — ${r.calls} call${r.calls === 1 ? "" : "s"}, ${r.inversions} inversion${r.inversions === 1 ? "" : "s"} at any level${r.truncated ? " (the window's first 20,000 calls)" : ""}`);
-  const t = table("Calls overtaken by a less urgent call, by level", ["Level", "Calls", "Overtaken", "By calls of level (times)"], {id: "order-levels"});
+  const t = table("Calls overtaken by a less urgent call, by level", ["Level", "Calls", "Overtaken", "By a call that came later", "By calls of level (times)"], {id: "order-levels"});
   const tb = el("tbody");
   for (const [lv, x] of Object.entries(r.per_level)) {
     tb.append(el("tr", {dataset: {level: lv}}, el("td", {}, badge(Number(lv))), el("td", {text: String(x.calls)}),
-      el("td", {text: String(x.overtaken)}),
+      el("td", {text: String(x.overtaken)}), el("td", {text: String(x.overtaken_by_later)}),
       el("td", {text: Object.entries(x.overtaken_by_levels).map(([b, n]) => `L${b}: ${n}`).join(", ") || "—"})));
   }
   t.append(tb);
@@ -65,7 +65,7 @@ async function loadOrder() {
     for (const x of r.worst.slice(0, 10)) {
       wb.append(el("tr", {dataset: {id: x.id}},
         el("td", {}, el("a", {href: `/ui/record?id=${encodeURIComponent(x.id)}`, "aria-label": `Audit record of ${x.id}`}, x.id)),
-        el("td", {}, badge(x.level)), el("td", {text: `${x.overtaken_by} call${x.overtaken_by === 1 ? "" : "s"}`}),
+        el("td", {}, badge(x.level)), el("td", {text: `${x.overtaken_by} call${x.overtaken_by === 1 ? "" : "s"} (${x.overtaken_by_later} later)`}),
         el("td", {}, badge(x.first_overtaker.level), " ", el("a", {href: `/ui/record?id=${encodeURIComponent(x.first_overtaker.id)}`,
           "aria-label": `Audit record of ${x.first_overtaker.id}`}, x.first_overtaker.id)),
         el("td", {text: secs(x.waited_after_s)})));

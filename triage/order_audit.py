@@ -17,15 +17,15 @@ is a pair on one engine:
         first tokens of one step differ by the relay's jitter, not by a step).
 
 A call that never had a first token (shed, cancelled, failed) waited until it ended; one
-with neither is left out.
+with neither is left out. Calls on different engines never form a pair (which engine a
+call goes to is the router's decision, reported by the cluster benchmark, not this check).
 
 Of the inversions, those where B came after A (B known later than A) are counted apart
 (`overtaken_by_later`): the queue was jumped outright, with no step that began before A
 came to excuse it. An inversion by a B that was already there when A came can also be an
 engine step longer than `tolerance_s` that started B's prefill before A arrived (stock
-vLLM on one CPU core prefills a burst's first prompts in steps of over a second); one by a
-later B cannot. Calls on different engines never form a pair (which engine a
-call goes to is the router's decision, reported by the cluster benchmark, not this check).
+vLLM alone on one CPU core prefilled a burst's first ~25 prompts in one ~3-s step,
+docs/measurements/cluster.md); one by a later B cannot.
 
 A sweep over time, per engine and level, counts every inverted pair in O(n log n +
 inverted pairs): a call, at its first token, meets only the more urgent calls waiting then.
@@ -105,7 +105,7 @@ def _report(calls, overtaken, pairs, later_pairs, tolerance_s, tie_s, examples) 
         d["calls"] += 1
     for o in overtaken.values():
         per_level[o["call"].level]["overtaken"] += 1
-        per_level[o["call"].level]["overtaken_by_later"] += o["by_later"] > 0
+        per_level[o["call"].level]["overtaken_by_later"] += 1 if o["by_later"] else 0
     for (la, lb), n in sorted(pairs.items()):
         by = per_level[la]["overtaken_by_levels"]
         by[str(lb)] = by.get(str(lb), 0) + n

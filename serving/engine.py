@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator
 
 from serving.gc_heap import freeze_heap
 from serving.model_prep import default_model_dir, generation_defaults
+from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -342,11 +343,7 @@ class TriageEngine:
     async def _stop_standby(self) -> None:
         task, self._standby_task = self._standby_task, None
         if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await cancel_and_wait(task)
         llm, self._standby = self._standby, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
@@ -360,13 +357,8 @@ class TriageEngine:
         self._closing = False
 
     async def _stop_stats(self) -> None:
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            try:
-                await self._stats_task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._stats_task = None
+        await cancel_and_wait(self._stats_task)
+        self._stats_task = None
 
     async def _stop_serving(self) -> None:
         await self._stop_stats()

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from serving.backends.base import GenRequest, stream_interval
 from serving.db.writer import AuditWriter, Record
 from serving.metrics import Metrics
+from serving.tasks import cancel_and_wait
 from triage.classes import ClassError, PriorityClasses
 from triage.gain import request_gain
 from triage.queue import ArrivalBuffer, DualHeap
@@ -172,12 +173,7 @@ class Frontend:
         self._task = asyncio.create_task(self._dispatch_loop(), name="triage-dispatcher")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
         for job in list(self.running.values()):
             if job.task:
                 job.task.cancel()

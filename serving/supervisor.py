@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from serving.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 
@@ -77,13 +79,8 @@ class EngineSupervisor:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _watch(self) -> None:
         while True:

@@ -11,6 +11,7 @@ from typing import Any
 from predictors.site_features import FEATURE_VERSION
 from serving.adapt.examples import TRUSTED_ROLES, example_record
 from serving.adapt.registry import SiteRegistry, general_fingerprint
+from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 POLL_S = 5.0
@@ -29,12 +30,7 @@ class SiteService:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _follow(self) -> None:
         while True:

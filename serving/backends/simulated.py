@@ -25,6 +25,7 @@ import numpy as np
 
 from serving.backends.base import GenRequest, TokenEvent
 from serving.model_prep import served_sampling_defaults
+from serving.tasks import cancel_and_wait
 from triage.classes import PriorityClasses
 from triage.profiles import DEFAULT_PROFILE, load_profile
 from triage.request import Request
@@ -89,13 +90,8 @@ class SimulatedBackend:
 
     async def stop(self) -> None:
         self._ready = False
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for q in self._queues.values():
             q.put_nowait(None)
 

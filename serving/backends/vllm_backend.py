@@ -10,6 +10,7 @@ import logging
 from typing import AsyncIterator
 
 from serving.backends.base import GenRequest, TokenEvent
+from serving.tasks import cancel_and_wait
 from triage.classes import PriorityClasses
 
 log = logging.getLogger(__name__)
@@ -122,12 +123,7 @@ class VLLMBackend:
         self._poll = asyncio.create_task(self._poll_stats(), name="vllm-stats")
 
     async def stop(self) -> None:
-        if self._poll:
-            self._poll.cancel()
-            try:
-                await self._poll
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._poll)
         if self._own_engine and self.engine is not None:
             await self.engine.stop()
 

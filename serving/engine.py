@@ -340,18 +340,16 @@ class TriageEngine:
             return "failed"
         return "building"
 
-    async def _stop_standby(self) -> None:
+    async def stop(self) -> None:
+        self._closing = True
+        # a standby still building is cancelled first: its build hands what the serving
+        # engine learnt back to that engine, which must still be up
         task, self._standby_task = self._standby_task, None
         if task is not None and not task.done():
             await cancel_and_wait(task)
-        llm, self._standby = self._standby, None
-        if llm is not None:
-            await asyncio.to_thread(llm.shutdown)
-
-    async def stop(self) -> None:
-        self._closing = True
-        await self._stop_standby()
-        await self._stop_serving()
+        standby, self._standby = self._standby, None
+        # then both engines at once: each shutdown waits seconds for its own processes
+        await asyncio.gather(self._stop_serving(), *([asyncio.to_thread(standby.shutdown)] if standby else []))
         if self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         self._closing = False

@@ -349,7 +349,10 @@ class TriageEngine:
             await cancel_and_wait(task)
         standby, self._standby = self._standby, None
         # then both engines at once: each shutdown waits seconds for its own processes
-        await asyncio.gather(self._stop_serving(), *([asyncio.to_thread(standby.shutdown)] if standby else []))
+        stops = [self._stop_serving()]
+        if standby is not None:
+            stops.append(asyncio.to_thread(standby.shutdown))
+        await asyncio.gather(*stops)
         if self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         self._closing = False

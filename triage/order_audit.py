@@ -104,8 +104,9 @@ def _report(calls, overtaken, pairs, later_pairs, tolerance_s, tie_s, examples) 
                                            "overtaken_by_levels": {}})
         d["calls"] += 1
     for o in overtaken.values():
-        per_level[o["call"].level]["overtaken"] += 1
-        per_level[o["call"].level]["overtaken_by_later"] += 1 if o["by_later"] else 0
+        d = per_level[o["call"].level]
+        d["overtaken"] += 1
+        d["overtaken_by_later"] += o["by_later"] > 0
     for (la, lb), n in sorted(pairs.items()):
         by = per_level[la]["overtaken_by_levels"]
         by[str(lb)] = by.get(str(lb), 0) + n

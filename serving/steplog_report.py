@@ -231,6 +231,8 @@ def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0, spell: int
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from triage.sim.figure import save_figure
+
     a, b = busy_window(rows, idle_gap_s, spell)
     w = rows[a:b + 1]
     t = np.array([r["t"] - w[0]["t"] for r in w])
@@ -247,11 +249,7 @@ def plot(rows: list[dict], path: str | Path, idle_gap_s: float = 1.0, spell: int
     bottom.set_ylabel("model ms")
     bottom.set_xlabel("seconds since the busy spell began")
     fig.suptitle("engine steps (step log)")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=110)
 
 
 def follow(rows: list[dict], request_id: str) -> dict:

@@ -574,6 +574,8 @@ def plot(out: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from triage.sim.figure import save_figure
     import numpy as np
 
     routers = list(out["routers"])
@@ -602,6 +604,4 @@ def plot(out: dict, path: Path) -> None:
     fig.suptitle(f"bench cluster: {out['instances']} instances, {out['requests']} calls, {out.get('scenario', 'trace')}"
                  + (f", instance killed at {out['kill_instance_at']} s" if out.get("kill_instance_at") else ""),
                  fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)

@@ -219,6 +219,8 @@ def _plot(out: dict, raw: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from triage.sim.figure import save_figure
     import numpy as np
 
     levels = sorted({r.call.gold for res in raw.values() for r in res})
@@ -234,9 +236,7 @@ def _plot(out: dict, raw: dict, path: Path) -> None:
     axes[0][0].set_ylabel("fraction of calls")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"bench serve: {out['scenario']}, {out['requests']} calls x {out['reps']} per system")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 @bench_app.command("reproduce")

@@ -76,6 +76,8 @@ def _plot_added(added: list[float], summary: dict, details: dict, path: Path) ->
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from triage.sim.figure import save_figure
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -90,9 +92,7 @@ def _plot_added(added: list[float], summary: dict, details: dict, path: Path) ->
                  f"p99 {summary['p99_added_ms']} ms", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 @bench_app.command("fuzz")

@@ -106,7 +106,7 @@ def test_preemptions_and_each_levels_answers_are_reported(tmp_path):
 
 def test_the_command_prints_json_draws_a_png_and_refuses_what_is_not_a_step_log(tmp_path):
     f, _ = _log(tmp_path)
-    png = tmp_path / "steps.png"
+    png = tmp_path / "plots" / "steps.png"   # a folder not made yet: the plot makes it
     r = runner.invoke(app, ["steps", str(f), "--json", "--plot", str(png)])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout.strip().splitlines()[-1])

@@ -114,6 +114,8 @@ def plot_policies(rows: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from triage.sim.figure import save_figure
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = ["-", "--", "-.", ":"]
     several_routers = len({r.get("router") for r in rows}) > 1
@@ -136,9 +138,4 @@ def plot_policies(rows: list[dict], path: str | Path) -> Path:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     ax2.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

@@ -74,6 +74,8 @@ def plot_error_rate(out: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from triage.sim.figure import save_figure
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     noisy = [r for r in out["rows"] if r["levels"] != "predicted"]
     pred = [r for r in out["rows"] if r["levels"] == "predicted"]
@@ -100,9 +102,4 @@ def plot_error_rate(out: dict, path: str | Path) -> Path:
     ax1.legend(fontsize=8)
     fig.suptitle(f"simulation: {Path(out['trace']).name}, {out['limit']} requests, rate scale {out['rate_scale']}, "
                  f"profile {out['profile']}", fontsize=9)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return p
+    return save_figure(fig, path)

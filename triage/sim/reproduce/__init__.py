@@ -41,11 +41,8 @@ def plot(result: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from triage.sim.figure import save_figure
+
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     SEEDS[result["seed"]].plot(result, ax)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

@@ -574,9 +574,9 @@ def plot(out: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     from triage.sim.figure import save_figure
-    import numpy as np
 
     routers = list(out["routers"])
     levels = sorted({lv for r in routers for lv in out["routers"][r]["per_level"]}, key=int)

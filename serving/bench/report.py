@@ -147,6 +147,18 @@ def client_late_max_ms(results: list[Result], reps: int = 1) -> float | None:
     return round(1000 * late, 1)
 
 
+def received_timeline(results: list[Result], reps: int, width: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens/s a system's clients received, bin by bin (`width` s) since each repetition
+    began (a call's send time less its planned offset), averaged over `reps` repetitions:
+    (bin starts, rates). Where tokens/s is lost (a slow ramp while the calls arrive, a long
+    tail) is where one system's line stands below another's."""
+    t = np.array([tt - (r.sent - r.call.at) for r in results if r.ok for tt in r.token_times()])
+    if not len(t):
+        return np.zeros(0), np.zeros(0)
+    counts, edges = np.histogram(t, bins=np.arange(0.0, t.max() + width, width))
+    return edges[:-1], counts / width / max(1, reps)
+
+
 def against(systems: dict[str, dict], baseline: str, turns_key: str = "turns") -> dict[str, dict]:
     """Each system's figures as multiples of `baseline`'s (issue 20's and 21's bars read
     straight from the JSON): tokens/s, and the first token p50 / p99 of the ESI-1 calls the

@@ -30,7 +30,7 @@ def bench_serve(
     port: Annotated[int, typer.Option(help="the port every system is started on, in turn")] = 8100,
     seed: int = 0,
     workdir: Annotated[Optional[Path], typer.Option(help="logs and audit databases (default: a temp dir)")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: per-level first-token CDF per system, and the tokens/s each received second by second")] = None,
     turns: Annotated[bool, typer.Option(help="systems take turns: each repetition starts every system again, the order "
                                              "reversed every other turn, so a VM whose speed drifts charges every system "
                                              "alike; --no-turns: each system's repetitions back to back (one start each)")] = True,
@@ -214,27 +214,43 @@ def _line(name: str, s: dict) -> str:
 
 
 def _plot(out: dict, raw: dict, path: Path) -> None:
-    """Per gold level, the CDF of first-token times of every system."""
+    """Per gold level, the CDF of first-token times of every system; below them, the tokens
+    each system's clients received second by second since its burst (or replay) began,
+    averaged over its repetitions: where one system's tokens/s is lost (a slow ramp while
+    the calls arrive, a long tail) shows as the gap between the lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from triage.sim.figure import save_figure
     import numpy as np
 
+    from serving.bench.report import received_timeline
+    from triage.sim.figure import save_figure
+
     levels = sorted({r.call.gold for res in raw.values() for r in res})
-    fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.3), sharey=True, squeeze=False)
-    for ax, lv in zip(axes[0], levels):
+    fig, axes = plt.subplot_mosaic([[f"L{lv}" for lv in levels], ["T"] * len(levels)],
+                                   figsize=(3.2 * len(levels), 6.4), height_ratios=(1, 0.9))
+    for lv in levels:
+        ax = axes[f"L{lv}"]
         for name, res in raw.items():
             xs = np.sort([r.ttft for r in res if r.call.gold == lv and r.ok])
             if len(xs):
                 ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=name)
         ax.set_title(f"gold ESI-{lv}")
         ax.set_xlabel("first token (s)")
+        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("fraction of calls")
-    axes[0][0].legend(fontsize=7)
+    axes[f"L{levels[0]}"].set_ylabel("fraction of calls")
+    axes[f"L{levels[0]}"].legend(fontsize=7)
+    ax = axes["T"]
+    for name, res in raw.items():
+        starts, rates = received_timeline(res, reps=max(1, round(len(res) / max(1, out["requests"]))))
+        if len(starts):
+            ax.step(starts, rates, where="post", label=name)
+    ax.set_xlabel("seconds since the first call was sent")
+    ax.set_ylabel("tokens/s received")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.suptitle(f"bench serve: {out['scenario']}, {out['requests']} calls x {out['reps']} per system")
     save_figure(fig, path)
 

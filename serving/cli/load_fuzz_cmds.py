@@ -76,9 +76,9 @@ def _plot_added(added: list[float], summary: dict, details: dict, path: Path) ->
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     from triage.sim.figure import save_figure
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = np.sort(added)

@@ -174,6 +174,32 @@ def test_a_call_the_load_generator_posted_late_is_reported():
     assert summarize(calm + paused, [10.0, 10.0], load_classes())["client_late_max_ms"] == pytest.approx(1300.0)
 
 
+def test_the_timeline_shows_when_each_repetitions_tokens_arrived():
+    """received_timeline (the lower panel of `bench serve --plot`): tokens/s per half second
+    since each repetition began, averaged over repetitions; a system whose answers start a
+    second later shows its tokens a second later, and failed calls count nothing."""
+    from serving.bench.report import received_timeline
+
+    def rep(t0, delay, fail=False):
+        out = []
+        for i in range(4):
+            r = Result(Call(i, "t", 3, "dispatch", 0.25 * i, 8), sent=t0 + 0.25 * i)
+            r.chunk_times = [r.sent + delay + 0.1 * k for k in range(5)]
+            r.first, r.end, r.tokens = r.chunk_times[0], r.chunk_times[-1], 5
+            r.error = "HTTP 500: boom" if fail and i == 3 else None
+            out.append(r)
+        return out
+
+    starts, rates = received_timeline(rep(100.0, 0.05) + rep(900.0, 0.05), reps=2)
+    assert starts[0] == 0.0 and starts[1] == 0.5
+    assert (rates * 0.5).sum() == pytest.approx(20)       # 4 calls x 5 tokens a repetition
+    late, late_rates = received_timeline(rep(100.0, 1.05) + rep(900.0, 1.05), reps=2)
+    assert late_rates[:2].sum() == 0 and (late_rates * 0.5).sum() == pytest.approx(20)
+    _, some = received_timeline(rep(100.0, 0.05, fail=True), reps=1)
+    assert (some * 0.5).sum() == pytest.approx(15)
+    assert len(received_timeline([], reps=1)[0]) == 0
+
+
 def test_engine_steps_are_read_from_either_servers_metrics():
     """A burst's engine step count comes from stock vLLM's per-step histogram or from our
     service's counter; a /metrics without either gives None (no made-up figure)."""

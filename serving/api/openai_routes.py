@@ -224,16 +224,24 @@ async def _respond(request: Request, job: Job, body, chat: bool):
     model = job.model
     fe = request.app.state.frontend
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        opts = body.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)   # vLLM's rule
+
+        def usage_so_far(n: int) -> dict:
+            return {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}
 
         async def gen():
             done = False
+            n = 0   # the tokens sent so far: a chunk below the most urgent level carries several
             try:
                 if chat:
                     yield _sse({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": model,
                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None}], "triage": job.triage()})
+                                             "finish_reason": None}], "triage": job.triage()}
+                               | ({"usage": usage_so_far(0)} if continuous else {}))
                 async for ev in _events(job, first):
+                    n = ev.output_tokens or n + len(ev.token_ids)
                     fr = _finish_reason(ev)
                     if chat:
                         choice = {"index": 0, "delta": {"content": ev.text} if ev.text else {}, "finish_reason": fr}
@@ -242,7 +250,8 @@ async def _respond(request: Request, job: Job, body, chat: bool):
                         choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": fr}
                         obj = "text_completion"
                     yield _sse({"id": job.id, "object": obj, "created": created, "model": model, "choices": [choice],
-                                "triage": job.triage()})
+                                "triage": job.triage() | {"completion_tokens": n}}
+                               | ({"usage": usage_so_far(n)} if continuous else {}))
                 done = True
                 if include_usage:
                     yield _sse({"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion",

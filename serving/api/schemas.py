@@ -76,7 +76,10 @@ class ChatMessage(Strict):
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
+    # as vLLM's server: null means false; continuous_usage_stats (with include_usage) puts the
+    # usage so far in every chunk
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 # vLLM's neutral values of the sampling fields a model's generation_config.json may

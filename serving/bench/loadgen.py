@@ -44,6 +44,9 @@ class Result:
     end: float | None = None
     tokens: int = 0
     chunk_times: list[float] = field(default_factory=list)
+    # the tokens received by each chunk's end, where the server says (our service's chunks carry
+    # `triage.completion_tokens`: below the most urgent level a chunk holds several tokens)
+    chunk_tokens: list[int] = field(default_factory=list)
     level: int | None = None       # the level the system served it at
     request_id: str | None = None  # our service's id for the call (its audit row), None for stock vLLM
     error: str | None = None
@@ -57,9 +60,16 @@ class Result:
         return self.error is None and self.end is not None and self.first is not None
 
     def token_times(self) -> list[float]:
-        """One time per output token: chunk arrival times, padded with the end time when a
-        chunk carried more than one token (usage counts every token)."""
-        t = list(self.chunk_times[: self.tokens])
+        """One time per output token: each token at the arrival of the chunk that brought it
+        (one a chunk where the server does not say how many), any the chunks do not account
+        for (usage counts every token) at the end."""
+        if len(self.chunk_tokens) == len(self.chunk_times):
+            t, before = [], 0
+            for at, upto in zip(self.chunk_times, self.chunk_tokens):
+                t += [at] * max(0, min(upto, self.tokens) - before)
+                before = max(before, upto)
+        else:
+            t = list(self.chunk_times[: self.tokens])
         if self.end is not None:
             t += [self.end] * (self.tokens - len(t))
         return t
@@ -102,9 +112,12 @@ async def _one(client: httpx.AsyncClient, call: Call, body: dict, t0: float) -> 
                 if res.level is None and isinstance(obj.get("triage"), dict):
                     res.level = int(obj["triage"]["level"])
                     res.request_id = obj["triage"].get("request_id")
+                said = (obj.get("triage") or {}).get("completion_tokens")
                 for ch in obj.get("choices") or []:
                     if (ch.get("delta") or {}).get("content"):
                         res.chunk_times.append(now)
+                        if isinstance(said, int):
+                            res.chunk_tokens.append(said)
                         if res.first is None:
                             res.first = now
                 if obj.get("usage"):

@@ -174,6 +174,19 @@ def test_a_call_the_load_generator_posted_late_is_reported():
     assert summarize(calm + paused, [10.0, 10.0], load_classes())["client_late_max_ms"] == pytest.approx(1300.0)
 
 
+def test_a_chunk_of_several_tokens_times_every_one_of_them_at_its_arrival():
+    """Our service's chunks below the most urgent level carry up to 4 tokens and say how many
+    so far (`triage.completion_tokens`): each token is timed at the chunk that brought it, not
+    at the end of the answer; a server that does not say (stock vLLM, a token a chunk) keeps
+    one token a chunk, and tokens no chunk accounts for go at the end."""
+    r = Result(Call(0, "t", 3, "dispatch", 0.0, 16), sent=0.0, first=1.0, end=2.0, tokens=9)
+    r.chunk_times, r.chunk_tokens = [1.0, 1.2, 1.4], [1, 5, 9]
+    assert r.token_times() == [1.0] + [1.2] * 4 + [1.4] * 4
+    stock = Result(Call(0, "t", 3, "dispatch", 0.0, 16), sent=0.0, first=1.0, end=2.0, tokens=4)
+    stock.chunk_times = [1.0, 1.1, 1.2]
+    assert stock.token_times() == [1.0, 1.1, 1.2, 2.0]
+
+
 def test_the_timeline_shows_when_each_repetitions_tokens_arrived():
     """received_timeline (the lower panel of `bench serve --plot`): tokens/s per half second
     since each repetition began, averaged over repetitions; a system whose answers start a

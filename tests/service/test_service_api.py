@@ -6,6 +6,7 @@ own); the backend admits one request at a time (`max_inflight=1`) so ordering sh
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -70,6 +71,34 @@ def test_openai_client_chat_stream_and_plain(svc):
     assert c.choices[0].text and c.model_extra["triage"]["level"] in range(1, 6)
     cs = list(oc.completions.create(model=MODEL, prompt="Patient reports headache", max_tokens=3, stream=True))
     assert "".join(x.choices[0].text for x in cs).strip()
+
+
+def test_a_stream_says_how_many_tokens_each_chunk_brought_and_vllms_continuous_usage(svc):
+    """Every text chunk carries `triage.completion_tokens` (the tokens sent so far: a client
+    times tokens by it, since a chunk below the most urgent level holds several); vLLM's
+    `stream_options.continuous_usage_stats` puts the usage so far in every chunk, as vLLM's
+    server does, and null reads as false there, as in vLLM."""
+    c = _client(svc)
+
+    def stream(opts: dict) -> list[dict]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "mild cough for a week"}], "max_tokens": 6,
+                "ignore_eos": True, "stream": True, "stream_options": opts}
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+    chunks = stream({"include_usage": True, "continuous_usage_stats": True})
+    text_chunks = [x for x in chunks if x["choices"] and x["choices"][0]["delta"].get("content")]
+    said = [x["triage"]["completion_tokens"] for x in text_chunks]
+    assert said == sorted(said) and said[-1] == 6, said
+    assert all("usage" in x for x in chunks), [x.keys() for x in chunks]
+    so_far = [x["usage"]["completion_tokens"] for x in chunks]
+    assert so_far[0] == 0 and so_far == sorted(so_far) and so_far[-1] == 6, so_far
+    assert all(x["usage"]["total_tokens"] == x["usage"]["prompt_tokens"] + x["usage"]["completion_tokens"] for x in chunks)
+    plain = stream({"include_usage": True, "continuous_usage_stats": None})
+    assert [x for x in plain if "usage" in x] == plain[-1:]   # the final usage chunk only
+    r = chat(c, "mild cough", stream=True, stream_options={"continuous_usage_stats": "yes"})
+    assert r.status_code == 400 and "continuous_usage_stats" in r.text
 
 
 def test_triage_classifies_without_generating(svc):

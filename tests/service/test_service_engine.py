@@ -314,7 +314,7 @@ def test_stream_interval_batches_tokens_below_the_most_urgent_level(srv):
     c = httpx.Client(base_url=srv.url, headers=_h(srv, "operator"), timeout=120)
 
     def chunks(level: int) -> tuple[int, int]:
-        n, usage = 0, None
+        n, usage, said = 0, None, [0]
         with c.stream("POST", "/v1/completions", json={
                 "model": MODEL, "prompt": "Count slowly:", "max_tokens": 16, "ignore_eos": True, "temperature": 0,
                 "priority": level, "stream": True, "stream_options": {"include_usage": True}}) as r:
@@ -322,8 +322,12 @@ def test_stream_interval_batches_tokens_below_the_most_urgent_level(srv):
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     obj = json.loads(line[6:])
-                    n += bool(obj["choices"] and obj["choices"][0].get("text"))
+                    if obj["choices"] and obj["choices"][0].get("text"):
+                        n += 1
+                        said.append(obj["triage"]["completion_tokens"])   # the tokens sent so far
                     usage = obj.get("usage") or usage
+        steps = [b - a for a, b in zip(said, said[1:])]
+        assert said[-1] == usage["completion_tokens"] and all(1 <= k <= 4 for k in steps), said
         return n, usage["completion_tokens"]
 
     assert fe.stream_interval == 4, "the default"

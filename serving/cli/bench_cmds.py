@@ -244,7 +244,7 @@ def _plot(out: dict, raw: dict, path: Path) -> None:
     axes[f"L{levels[0]}"].legend(fontsize=7)
     ax = axes["T"]
     for name, res in raw.items():
-        starts, rates = received_timeline(res, reps=max(1, round(len(res) / max(1, out["requests"]))))
+        starts, rates = received_timeline(res, reps=out["reps"])
         if len(starts):
             ax.step(starts, rates, where="post", label=name)
     ax.set_xlabel("seconds since the first call was sent")

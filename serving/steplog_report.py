@@ -5,9 +5,14 @@ of the model time on decodes and prompt tokens), what was preempted and why, and
 level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
 follows one call instead (`follow`).
 
-A busy spell is a stretch with a queue: from the step before the first that left a
-request waiting (unless an idle gap comes between them) to the last step before an idle
-gap (`idle_gap_s` in which no step ran) after the queue last held one. One log can hold
+A busy spell is a stretch with a queue: from the step that admitted its first arrivals
+(back from the first step that left a request waiting, to the step after the engine last
+stood empty or after an idle gap) to the last step before an idle gap (`idle_gap_s` in which
+no step ran) after the queue last held one. So two policies replaying the same calls are
+read from the same first call: a policy that takes the first arrivals in a few large steps
+leaves nobody waiting in them, and starting at its first wait (as before 2026-12-06) left
+those steps, a second of a burst, out of its spell and not out of a policy's that queues
+sooner. One log can hold
 several: bursts apart in time, or engines started one after another writing to one file
 (`bench serve` taking turns; a step number that does not grow starts a new engine's
 steps). Each is found and listed; the report reads one of them in full (the first unless
@@ -57,8 +62,12 @@ def busy_windows(rows: list[dict], idle_gap_s: float = 1.0) -> list[tuple[int, i
         if b < len(rows) and not _breaks(rows, b, idle_gap_s):
             continue
         waited = [i for i in range(a, b) if rows[i].get("waiting", 0) > 0]
-        if waited:   # from the step that admitted the first arrivals to the stretch's end
-            out.append((max(a, waited[0] - 1), b - 1))
+        if waited:   # from the step that admitted the first arrivals (back from the first wait
+            # to the step after the engine last stood empty) to the stretch's end
+            s = waited[0]
+            while s > a and rows[s - 1].get("ran"):
+                s -= 1
+            out.append((s, b - 1))
         a = b
     return out or [(0, len(rows) - 1)]
 

@@ -79,6 +79,24 @@ def test_the_busy_spell_starts_where_a_request_first_waited_and_its_phases_are_c
     assert rep["prompt_tokens"] == 60                   # six prompts of 10 tokens
 
 
+def test_two_policies_replaying_the_same_calls_are_read_from_the_same_first_call():
+    """One engine takes the first arrivals in a few growing steps that leave nobody waiting
+    (as vLLM's queue does), another queues from its second step: both spells start at the
+    first arrival after the engine stood empty, not at the step before each one's first
+    wait, so their seconds and prompt tokens compare (the large policy's were a second short)."""
+    idle = [_step(0, 50.0, [["idle", 5, 20, "prefill"]], 0), _step(1, 50.05, [], 0)]
+    ramp = [_step(2, 50.1, [["a", 5, 30, "prefill"]], 0),
+            _step(3, 50.2, [["a", 5, 1, "decode"], ["b", 5, 300, "prefill"], ["c", 1, 300, "prefill"]], 0),
+            _step(4, 50.8, [["a", 5, 1, "decode"], ["b", 5, 1, "decode"], ["c", 1, 1, "decode"],
+                            ["d", 5, 400, "prefill"]], 3),
+            _step(5, 51.6, [["d", 5, 1, "decode"], ["e", 5, 40, "prefill"]], 0)]
+    quick = [_step(2, 50.1, [["a", 5, 30, "prefill"]], 2)] + ramp[1:]
+    large, small = summarize(idle + ramp)["busy"], summarize(idle + quick)["busy"]
+    assert busy_window(idle + ramp) == busy_window(idle + quick) == (2, 5)   # not (3, 5) for the first
+    assert large["prompt_tokens"] == small["prompt_tokens"] == 30 + 300 + 300 + 400 + 40
+    assert large["first_step"] == small["first_step"] == 2
+
+
 def test_the_step_cost_fit_recovers_the_model_and_drops_steps_slowed_by_other_work(tmp_path):
     _, rows = _log(tmp_path)
     # more steps of varied shape in the same spell (its tail), so the fit has something to separate

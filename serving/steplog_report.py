@@ -9,10 +9,9 @@ A busy spell is a stretch with a queue: from the step that admitted its first ar
 (back from the first step that left a request waiting, to the step after the engine last
 stood empty or after an idle gap) to the last step before an idle gap (`idle_gap_s` in which
 no step ran) after the queue last held one. So two policies replaying the same calls are
-read from the same first call: a policy that takes the first arrivals in a few large steps
-leaves nobody waiting in them, and starting at its first wait (as before 2026-12-06) left
-those steps, a second of a burst, out of its spell and not out of a policy's that queues
-sooner. One log can hold
+read from the same first call (a policy that takes the first arrivals in a few large steps
+leaves nobody waiting in them; its spell must not start a second later than one's that
+queues sooner). One log can hold
 several: bursts apart in time, or engines started one after another writing to one file
 (`bench serve` taking turns; a step number that does not grow starts a new engine's
 steps). Each is found and listed; the report reads one of them in full (the first unless

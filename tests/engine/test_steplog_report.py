@@ -63,7 +63,7 @@ def _log(tmp_path, slow_steps=()):
     return f, rows
 
 
-def test_the_busy_spell_starts_where_a_request_first_waited_and_its_phases_are_counted(tmp_path):
+def test_the_busy_spell_starts_with_the_first_arrivals_after_the_idle_call_and_its_phases_are_counted(tmp_path):
     f, rows = _log(tmp_path)
     got = load(f)
     assert len(got) == len(rows)                        # the partial line is skipped

@@ -196,9 +196,11 @@ def _finish_reason(ev) -> str | None:
     return "length" if ev.finish_reason == "length" else ("stop" if ev.finish_reason in (None, "stop", "eos") else ev.finish_reason)
 
 
-def _usage(job: Job) -> dict:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.output_tokens,
-            "total_tokens": job.prompt_tokens + job.output_tokens}
+def _usage(job: Job, completion_tokens: int | None = None) -> dict:
+    """The call's usage: at its end, or with `completion_tokens` sent so far (a stream's
+    `continuous_usage_stats`)."""
+    n = job.output_tokens if completion_tokens is None else completion_tokens
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}
 
 
 async def _events(job: Job, first) -> AsyncIterator:
@@ -228,9 +230,6 @@ async def _respond(request: Request, job: Job, body, chat: bool):
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)   # vLLM's rule
 
-        def usage_so_far(n: int) -> dict:
-            return {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}
-
         async def gen():
             done = False
             n = 0   # the tokens sent so far: a chunk below the most urgent level carries several
@@ -239,7 +238,7 @@ async def _respond(request: Request, job: Job, body, chat: bool):
                     yield _sse({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": model,
                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                              "finish_reason": None}], "triage": job.triage()}
-                               | ({"usage": usage_so_far(0)} if continuous else {}))
+                               | ({"usage": _usage(job, 0)} if continuous else {}))
                 async for ev in _events(job, first):
                     n = ev.output_tokens or n + len(ev.token_ids)
                     fr = _finish_reason(ev)
@@ -251,7 +250,7 @@ async def _respond(request: Request, job: Job, body, chat: bool):
                         obj = "text_completion"
                     yield _sse({"id": job.id, "object": obj, "created": created, "model": model, "choices": [choice],
                                 "triage": job.triage() | {"completion_tokens": n}}
-                               | ({"usage": usage_so_far(n)} if continuous else {}))
+                               | ({"usage": _usage(job, n)} if continuous else {}))
                 done = True
                 if include_usage:
                     yield _sse({"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion",

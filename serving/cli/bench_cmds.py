@@ -136,7 +136,7 @@ def live_calibration(port: int, workdir: Path, model: Path, eager: bool = False)
     """`calibrate` for scenario_calls: the calls' wall seconds on stock vLLM fcfs, started
     with the benchmark's engine sizes on the benchmark's port (then stopped), the faster of
     CALIBRATION_REPS bursts (the prefix cache emptied before each), and each burst's own
-    figures (wall, VM steal, the engine's CPU a step: a disturbed burst shows there). One
+    figures (wall, VM steal, the engine's CPU seconds and CPU a step: a disturbed burst shows there). One
     burst taken alone read 10.98 s on a VM where three in a row then took 6.39, 5.92 and
     5.87 s: auto then ran at 0.24 instead of ~0.45, a load where every system met every SLO."""
     def run(calls: list) -> dict:

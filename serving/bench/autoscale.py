@@ -15,6 +15,7 @@ the search. Without it, auto picked a load where every system met every SLO live
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -92,6 +93,7 @@ def auto_rate_scale(calls: list, prompt_tokens: list[int], *, seed: int = 0, tar
     if not esi1:
         raise ValueError("the run has no ESI-1 call: auto has nothing to judge its load by; pass --rate-scale")
 
+    @lru_cache(maxsize=None)   # the bisection's own points are reported below: simulate each once
     def attainment(i: int) -> float:
         return fcfs_esi1_attainment(calls, prompt_tokens, GRID[i], seed=seed, speed=speed,
                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -199,7 +200,7 @@ def scenario_calls(scenario: str, texts: str, requests: int, spread: float, max_
                    f"{found['esi1_calls']} ESI-1 calls in their SLO there, {found['fcfs_esi1_attainment_lighter']} "
                    "one step lighter)", err=True)
         scale = round(scale * load_factor, 4)
-        return trace_calls(str(trace), pool, requests, scale, seed=seed, max_tokens_cap=max_tokens_cap), scale, info
+        return [replace(c, at=c.at / scale) for c in calls], scale, info
     except (PoolError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

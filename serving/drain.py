@@ -11,7 +11,9 @@ flush the spool into the database, stop the engine, exit 0.
 Second signal: exit now. Calls still open are recorded with outcome `shutdown`; the audit
 writer finishes the batch it is writing (whole transactions, whole spool lines) and every
 record not yet written goes to the spool file (fsync'd), which the next start replays; the
-engine's processes are killed; exit status 1. Nothing is half-written.
+engine's processes are killed; exit status 1. Nothing is half-written. A batch that does not
+finish within 2 s (a database lock, a stalled disk) is not waited for: its transaction dies
+with the process, and the journal, which holds every record, gives them to the next start.
 
 Send the signal to the service's main process (systemd's `KillMode=mixed`, Kubernetes):
 signalling the whole process group also stops vLLM's engine processes at once, and the
@@ -67,9 +69,15 @@ class Drainer:
                 job.cut = "shutdown"
                 fe._finish(job, "shutdown")
                 n += 1
-        spooled = st.writer.emergency_spool() if getattr(st, "writer", None) else 0
-        log.warning("second signal: exiting now (%d open calls recorded as shutdown, %d audit records spooled to %s)",
-                    n, spooled, st.writer.spool_path if getattr(st, "writer", None) else None)
+        writer = getattr(st, "writer", None)
+        spooled = writer.emergency_spool() if writer is not None else 0
+        if spooled is None:
+            log.warning("second signal: exiting now (%d open calls recorded as shutdown); the audit writer is stuck "
+                        "mid-batch (database or disk stalled), so its records stay in the journal %s, which the "
+                        "next start spools and writes", n, writer.journal.path)
+        else:
+            log.warning("second signal: exiting now (%d open calls recorded as shutdown, %d audit records spooled "
+                        "to %s)", n, spooled, writer.spool_path if writer is not None else None)
         _kill_children()
         logging.shutdown()
         os._exit(EXIT_NOW_STATUS)

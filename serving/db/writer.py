@@ -125,13 +125,22 @@ class AuditWriter:
                         len(pending), len(orphans), dict(sorted(self.interrupted.items())) or "none")
         self.journal.reset()
 
-    def emergency_spool(self) -> int:
+    def emergency_spool(self, wait_s: float = 2.0) -> int | None:
         """Exit now (second SIGTERM): wait for the batch being written (whole transactions,
         whole spool lines), then append every record not yet handled to the spool, fsync'd,
         and keep the writer from starting another. Returns the records spooled. The caller
-        exits; the next start replays the spool."""
-        self._io.acquire()   # never released: the process is about to exit
+        exits; the next start replays the spool.
+
+        A batch still being written after `wait_s` (the database holds a lock, the disk
+        stalls: a PostgreSQL statement may wait 15 s) is not waited for: returns None and
+        spools nothing. Nothing is lost that way either. Every record went to the journal
+        before its queue, and the next start spools those no durable mark covers. The exit
+        rolls back the batch's open transaction. A spool line the exit cuts short is set
+        aside at the replay (its records are in the journal), and the replay skips what is
+        already written."""
         self._stop.set()
+        if not self._io.acquire(timeout=wait_s):   # never released: the process is about to exit
+            return None
         items: list[Record] = []
         while True:
             try:

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, pg_database
 from serving.bench import faults
 from serving.bench.faults import Call, Live, body, stream
 from serving.bench.systems import EngineSizes, start_system
 from serving.db.writer import verify_url
 
 
-def _live(tmp_path: Path, predictors_dir: Path, *, backend: str = "simulated", **env) -> tuple:
-    db = f"sqlite:///{tmp_path / 'audit.db'}"
+def _live(tmp_path: Path, predictors_dir: Path, *, backend: str = "simulated", db: str | None = None, **env) -> tuple:
+    db = db or f"sqlite:///{tmp_path / 'audit.db'}"
     e = {"TRIAGE_BACKEND": backend, "TRIAGE_DB_URL": db, "TRIAGE_PREDICTORS_DIR": str(predictors_dir),
          "TRIAGE_WRITER_INTERVAL_S": "0.05", **{k: str(v) for k, v in env.items()}}
     if backend == "simulated":
@@ -103,7 +103,7 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
         xs, code, took = asyncio.run(run())
     finally:
         ctx.__exit__(None, None, None)
-    assert code == 1 and took < 10, (code, took, live.srv.log_tail())
+    assert code == 1 and took < 10, f"exit code {code} after {took:.1f} s; the log ends:\n{live.srv.log_tail(60)}"
     assert all(not x.done for x in xs)
     # every spool line is a whole JSON record; the next start replays it
     lines = live.spool.read_text().splitlines() if live.spool.exists() else []
@@ -118,6 +118,67 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
         eng.dispose()
     assert faults.audit_rows(live, "st-") == {f"st-{i}": "shutdown" for i in range(3)}
     assert verify_url(live.db_url)["ok"]
+
+
+@pytest.mark.postgres
+def test_second_sigterm_does_not_wait_for_a_database_that_holds_the_audit_writer(tmp_path, predictors_dir):
+    """Another session holds the audit chain's lock, so the writer's batch waits (PostgreSQL
+    lets a statement wait 15 s). A second SIGTERM still exits within seconds; the batch's
+    transaction dies with the process, and the next start writes every record from the
+    journal: the call that had finished, and the three cut off."""
+    import psycopg
+
+    from serving.db.session import CHAIN_LOCK, make_engine
+    from serving.db.writer import AuditWriter
+
+    with pg_database() as (url, _):
+        ctx, live = _live(tmp_path, predictors_dir, db=url, TRIAGE_DRAIN_TIMEOUT_S=120)
+        plain = "postgresql://" + url.split("://", 1)[1]
+        holder = psycopg.connect(plain, autocommit=True)
+        try:
+            holder.execute("SELECT pg_advisory_lock(%s)", (CHAIN_LOCK,))
+
+            async def run():
+                async with live.http() as c:
+                    xs = [Call(f"sd-{i}") for i in range(3)]
+                    ts = [asyncio.create_task(stream(c, body("Tell me a very long story.", x.crid, 1500), x)) for x in xs]
+                    short = await stream(c, body("Say hi.", "sd-short", 4), Call("sd-short"))
+                    while not all(x.tokens for x in xs):
+                        await asyncio.sleep(0.05)
+                    for _ in range(200):   # the writer's batch (the short call's record) waits on the lock
+                        waiting = holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                                 "AND NOT granted").fetchone()[0]
+                        if waiting:
+                            break
+                        await asyncio.sleep(0.05)
+                    os.kill(live.srv.proc.pid, signal.SIGTERM)
+                    await asyncio.sleep(0.5)
+                    t0 = time.monotonic()
+                    os.kill(live.srv.proc.pid, signal.SIGTERM)
+                    code = await asyncio.to_thread(live.srv.proc.wait, 30)
+                    took = time.monotonic() - t0
+                    await asyncio.gather(*ts)
+                    return short, waiting, code, took
+
+            try:
+                short, waiting, code, took = asyncio.run(run())
+            finally:
+                ctx.__exit__(None, None, None)
+        finally:
+            holder.close()
+        assert short.done and waiting == 1, (short, waiting)
+        assert code == 1 and took < 8, f"exit code {code} after {took:.1f} s; the log ends:\n{live.srv.log_tail(60)}"
+        assert "stuck mid-batch" in live.srv.log.read_text()
+        assert faults.audit_rows(live, "sd-") == {}   # nothing reached the database before the exit
+        eng = make_engine(url)
+        try:
+            AuditWriter(eng, live.spool).start().stop()   # what the next start does first
+        finally:
+            eng.dispose()
+        rows = faults.audit_rows(live, "sd-")
+        assert rows == {"sd-short": rows["sd-short"], **{f"sd-{i}": "shutdown" for i in range(3)}}, rows
+        assert rows["sd-short"] in ("ok", "length"), rows
+        assert verify_url(url)["ok"]
 
 
 def test_a_server_killed_outright_leaves_every_request_it_had_accepted_in_the_audit_trail(tmp_path, predictors_dir):

@@ -11,6 +11,10 @@ The profile was measured on some day's machine; a VM's speed differs from day to
 on the live stock vLLM engine and the simulator times the same burst: their ratio
 (`speed`, > 1 when today's machine is slower) scales the simulator's step times before
 the search. Without it, auto picked a load where every system met every SLO live.
+
+A slow minute of the host during calibration still reads the machine slower than the run
+then finds it (1.7-1.9x, seen right after a long heavy job), and the load comes out too
+light. `live_check` says so after the run, from stock fcfs's own ESI-1 attainment there.
 """
 from __future__ import annotations
 
@@ -117,3 +121,19 @@ def measure_speed(calls: list, prompt_tokens: list[int], wall_live_s: float, *, 
                          max_num_batched_tokens=max_num_batched_tokens, seed=seed)
     return {"speed": round(wall_live_s / sim, 3), "calibration_wall_s": round(wall_live_s, 2),
             "simulated_wall_s": round(sim, 2), "calls": len(calls), "tokens_each": CALIBRATION_TOKENS}
+
+
+TOO_LIGHT = 0.9   # live fcfs ESI-1 attainment at or above this: little queue (the search aims below 0.8)
+
+
+def live_check(found: dict, fcfs: dict) -> dict:
+    """After the run: stock fcfs's ESI-1 SLO attainment live at the load auto chose (`fcfs`:
+    the run's report of vllm-fcfs), beside the simulator's. At TOO_LIGHT or above there was
+    little queue for a scheduler to order: the calibration read the machine slower than the
+    run found it, and the run says little; {} without an ESI-1 call served."""
+    one = fcfs.get("per_level", {}).get("1")
+    if not one or one.get("slo_attainment") is None:
+        return {}
+    live = one["slo_attainment"]
+    return {"live_fcfs_esi1_attainment": live, "load_as_meant": live < TOO_LIGHT,
+            "simulated_fcfs_esi1_attainment": found.get("fcfs_esi1_attainment")}

@@ -105,6 +105,15 @@ def bench_serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
     out["turns"] = turns
+    if auto and "vllm-fcfs" in out["systems"]:
+        from serving.bench.autoscale import TOO_LIGHT, live_check
+
+        auto.update(live_check(auto, out["systems"]["vllm-fcfs"]))
+        if auto.get("load_as_meant") is False:
+            typer.echo(f"warning: the load auto chose was too light: stock fcfs met {auto['live_fcfs_esi1_attainment']} "
+                       f"of its ESI-1 SLOs live (>= {TOO_LIGHT}; simulated {auto['fcfs_esi1_attainment']}), so there "
+                       "was little queue to order. The calibration read the machine slower than the run found it "
+                       f"(speed {auto.get('speed')}; see calibration_bursts). Run again, or pass --rate-scale.", err=True)
     # every other system as a multiple of each stock one's (issue 20's bars: ESI-1 at most
     # 0.5x vLLM priority's, tokens/s at least 0.95x vLLM fcfs's), repetition by repetition too
     out["x_stock"] = {b: against(out["systems"], b, "per_rep") for b in ("vllm-fcfs", "vllm-priority")

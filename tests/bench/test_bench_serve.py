@@ -381,6 +381,43 @@ def test_auto_rate_scale_without_an_esi1_call_says_so():
         auto_rate_scale(calls, [60] * len(calls))
 
 
+@pytest.mark.parametrize("first_token_s, too_light", [(0.01, True), (100.0, False)])
+def test_auto_says_after_the_run_when_its_load_left_fcfs_no_queue(tmp_path, monkeypatch, first_token_s, too_light):
+    """A slow minute of the host during calibration makes auto's load too light: stock fcfs
+    then meets its ESI-1 SLOs live and the comparison shows little. The run says so (a
+    warning, and `rate_scale_auto.load_as_meant` false) and records live fcfs's ESI-1
+    attainment beside the simulator's; a load with a queue gets no warning."""
+    from typer.testing import CliRunner
+
+    import serving.bench.serve as serve
+    from serving.cli import app
+
+    monkeypatch.setattr(serve, "run_system", lambda name, calls, reps, sizes, **kw: (
+        {"errors": 0, "completed": len(calls) * reps, "per_rep": [{"wall_s": 45.0}, {"wall_s": 40.0}]}, []))
+
+    def fake_turn(name, calls, reps, sizes, **kw):
+        t = serve.Turn(floors=[0.1], cpu_s={"api": 1.0, "engine": 2.0})
+        for c in calls * reps:
+            first = c.at + first_token_s
+            t.results.append(Result(call=c, sent=c.at, first=first, end=first + 0.003, tokens=4,
+                                    chunk_times=[first + 0.001 * i for i in range(4)], level=c.gold))
+        t.walls += [10.0] * reps
+        t.steals += [0.0] * reps
+        t.engine_cpu += [2.0] * reps
+        t.work["steps"] = [100] * reps
+        return t
+
+    monkeypatch.setattr(serve, "run_turn", fake_turn)
+    r = CliRunner().invoke(app, ["bench", "serve", "--requests", "60", "--rate-scale", "auto", "--systems",
+                                 "triage,vllm-fcfs", "--workdir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    auto = json.loads(r.stdout.strip().splitlines()[-1])["rate_scale_auto"]
+    assert auto["live_fcfs_esi1_attainment"] == (1.0 if too_light else 0.0)
+    assert auto["simulated_fcfs_esi1_attainment"] == auto["fcfs_esi1_attainment"] < 0.8
+    assert auto["load_as_meant"] is (not too_light)
+    assert ("auto chose was too light" in r.output) is too_light
+
+
 def test_calibration_burst_fills_every_seat_at_once():
     from serving.bench.autoscale import CALIBRATION_CALLS, CALIBRATION_TOKENS, calibration_calls, simulated_wall
 

@@ -131,14 +131,13 @@ class AuditWriter:
         and keep the writer from starting another. Returns the records spooled. The caller
         exits; the next start replays the spool.
 
-        A batch still being written after `wait_s` (the database holds a lock, the disk
-        stalls: a PostgreSQL statement may wait 15 s) is not waited for, where the journal
-        runs: returns None and
-        spools nothing. Nothing is lost that way either. Every record went to the journal
-        before its queue, and the next start spools those no durable mark covers. The exit
-        rolls back the batch's open transaction. A spool line the exit cuts short is set
-        aside at the replay (its records are in the journal), and the replay skips what is
-        already written."""
+        Where the journal runs, a batch still being written after `wait_s` (the database
+        holds a lock, the disk stalls: a PostgreSQL statement may wait 15 s) is not waited
+        for: returns None and spools nothing. Nothing is lost that way either. Every record
+        went to the journal before its queue, and the next start spools those no durable
+        mark covers. The exit rolls back the batch's open transaction. A spool line the exit
+        cuts short is set aside at the replay (its records are in the journal), and the
+        replay skips what is already written."""
         self._stop.set()
         # without a journal, the queued records live only here: wait for the batch however long
         if not self._io.acquire(timeout=wait_s if self.journal.active else -1):   # never released: exiting

@@ -81,6 +81,31 @@ def test_drain_deadline_ends_the_rest_with_a_clear_error_and_outcome_shutdown(tm
     assert verify_url(live.db_url)["ok"]
 
 
+async def _two_sigterms(live, streams: list) -> tuple[int, float]:
+    """SIGTERM, then a second half a second later: the exit status and the seconds from the
+    second signal to the process's end (the streams are awaited: cut or not, they end)."""
+    os.kill(live.srv.proc.pid, signal.SIGTERM)
+    await asyncio.sleep(0.5)
+    t0 = time.monotonic()
+    os.kill(live.srv.proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(live.srv.proc.wait, 30)
+    took = time.monotonic() - t0
+    await asyncio.gather(*streams)
+    return code, took
+
+
+def _next_start_replays(live) -> None:
+    """What the next start does first: the writer takes the journal and replays the spool."""
+    from serving.db.session import make_engine
+    from serving.db.writer import AuditWriter
+
+    eng = make_engine(live.db_url)
+    try:
+        AuditWriter(eng, live.spool).start().stop()
+    finally:
+        eng.dispose()
+
+
 def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predictors_dir):
     ctx, live = _live(tmp_path, predictors_dir, TRIAGE_DRAIN_TIMEOUT_S=120)
 
@@ -90,14 +115,7 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
             ts = [asyncio.create_task(stream(c, body("Tell me a very long story.", x.crid, 1500), x)) for x in xs]
             while not all(x.tokens for x in xs):
                 await asyncio.sleep(0.05)
-            os.kill(live.srv.proc.pid, signal.SIGTERM)
-            await asyncio.sleep(0.5)
-            t0 = time.monotonic()
-            os.kill(live.srv.proc.pid, signal.SIGTERM)
-            code = await asyncio.to_thread(live.srv.proc.wait, 30)
-            took = time.monotonic() - t0
-            await asyncio.gather(*ts)
-            return xs, code, took
+            return xs, *await _two_sigterms(live, ts)
 
     try:
         xs, code, took = asyncio.run(run())
@@ -108,14 +126,7 @@ def test_second_sigterm_exits_at_once_with_nothing_half_written(tmp_path, predic
     # every spool line is a whole JSON record; the next start replays it
     lines = live.spool.read_text().splitlines() if live.spool.exists() else []
     assert all(json.loads(line)["kind"] for line in lines)
-    from serving.db.session import make_engine
-    from serving.db.writer import AuditWriter
-
-    eng = make_engine(live.db_url)
-    try:
-        AuditWriter(eng, live.spool).start().stop()
-    finally:
-        eng.dispose()
+    _next_start_replays(live)
     assert faults.audit_rows(live, "st-") == {f"st-{i}": "shutdown" for i in range(3)}
     assert verify_url(live.db_url)["ok"]
 
@@ -128,8 +139,7 @@ def test_second_sigterm_does_not_wait_for_a_database_that_holds_the_audit_writer
     journal: the call that had finished, and the three cut off."""
     import psycopg
 
-    from serving.db.session import CHAIN_LOCK, make_engine
-    from serving.db.writer import AuditWriter
+    from serving.db.session import CHAIN_LOCK
 
     with pg_database() as (url, _):
         ctx, live = _live(tmp_path, predictors_dir, db=url, TRIAGE_DRAIN_TIMEOUT_S=120)
@@ -151,14 +161,7 @@ def test_second_sigterm_does_not_wait_for_a_database_that_holds_the_audit_writer
                         if waiting:
                             break
                         await asyncio.sleep(0.05)
-                    os.kill(live.srv.proc.pid, signal.SIGTERM)
-                    await asyncio.sleep(0.5)
-                    t0 = time.monotonic()
-                    os.kill(live.srv.proc.pid, signal.SIGTERM)
-                    code = await asyncio.to_thread(live.srv.proc.wait, 30)
-                    took = time.monotonic() - t0
-                    await asyncio.gather(*ts)
-                    return short, waiting, code, took
+                    return short, waiting, *await _two_sigterms(live, ts)
 
             try:
                 short, waiting, code, took = asyncio.run(run())
@@ -170,11 +173,7 @@ def test_second_sigterm_does_not_wait_for_a_database_that_holds_the_audit_writer
         assert code == 1 and took < 8, f"exit code {code} after {took:.1f} s; the log ends:\n{live.srv.log_tail(60)}"
         assert "stuck mid-batch" in live.srv.log.read_text()
         assert faults.audit_rows(live, "sd-") == {}   # nothing reached the database before the exit
-        eng = make_engine(url)
-        try:
-            AuditWriter(eng, live.spool).start().stop()   # what the next start does first
-        finally:
-            eng.dispose()
+        _next_start_replays(live)
         rows = faults.audit_rows(live, "sd-")
         assert rows == {"sd-short": rows["sd-short"], **{f"sd-{i}": "shutdown" for i in range(3)}}, rows
         assert rows["sd-short"] in ("ok", "length"), rows

@@ -1,8 +1,9 @@
 """Read a step log (setting `step_log`, docs/preemption.md "See it happen") and say where a
 busy spell's steps and time went: how long the seats took to fill, how many steps ran
 until the queue emptied, how long the tail drained, what a step costs (a least-squares fit
-of the model time on decodes and prompt tokens), what was preempted and why, and each
-level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
+of the model time on decodes and prompt tokens), which steps stalled far past that cost
+and whether the engine was computing or waiting for a core, what was preempted and why,
+and each level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
 follows one call instead (`follow`).
 
 A busy spell is a stretch with a queue: from the step that admitted its first arrivals
@@ -26,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 TRIM_SD = 2.5   # a step this many residual s.d. off the step-cost fit is left out of it
+STALL_X, STALL_MIN_MS = 3.0, 500.0   # a step this many times its fitted cost and this much over it is a stall
+STARVED_SHARE = 0.5   # a stall with less than this part of an ordinary step's CPU share waited for a core
 
 
 class StepLogError(ValueError):
@@ -133,6 +136,40 @@ def step_cost(rows: list[dict]) -> dict | None:
             "steps": int(keep.sum()), "dropped": int((~keep).sum())}
 
 
+def stalls(rows: list[dict], cost: dict | None, most: int = 10) -> dict | None:
+    """The steps far slower than the step-cost fit says their work takes (`STALL_X` times it
+    and `STALL_MIN_MS` over): how many, the seconds they lost, and the worst `most` of them
+    (`at_s` from the first row). Where the log has the model's CPU time (`exec_cpu_ms`; older
+    logs do not) each says what the engine did meanwhile: "starved" when it got
+    less than `STARVED_SHARE` of the CPU share of the other steps (it waited for a core:
+    other work on its cores, or the VM's host), "computing" otherwise (the engine itself
+    worked longer: a compilation, page faults). Every step of a busy spell waits on a stall
+    (an urgent call's next token too), so a dispatch centre wants to know which it was. None
+    without a fit."""
+    if cost is None:
+        return None
+    t0 = rows[0]["t"]
+    found, cpu_ms, wall_ms = [], 0.0, 0.0
+    for r in rows:
+        if r.get("exec_ms") is None:
+            continue
+        expected = cost["fixed_ms"] + cost["per_decode_ms"] * _decodes(r) + cost["per_prompt_token_ms"] * _prompt_tokens(r)
+        if r["exec_ms"] > max(STALL_X * expected, expected + STALL_MIN_MS):
+            found.append((r, expected))
+        elif r.get("exec_cpu_ms") is not None:
+            cpu_ms, wall_ms = cpu_ms + r["exec_cpu_ms"], wall_ms + r["exec_ms"]
+    usual = cpu_ms / wall_ms if wall_ms > 0 else None
+    out = []
+    for r, expected in sorted(found, key=lambda x: x[0]["exec_ms"] - x[1], reverse=True)[:most]:
+        share = r["exec_cpu_ms"] / r["exec_ms"] if r.get("exec_cpu_ms") is not None else None
+        verdict = None if share is None or not usual else "starved" if share < STARVED_SHARE * usual else "computing"
+        out.append({"step": r.get("step"), "at_s": round(r["t"] - t0, 3), "exec_ms": round(r["exec_ms"], 1),
+                    "expected_ms": round(expected, 1), "cpu_share": None if share is None else round(share, 3),
+                    "sys_ms": r.get("exec_sys_ms"), "verdict": verdict})
+    return {"n": len(found), "lost_s": round(sum(r["exec_ms"] - e for r, e in found) / 1000, 3),
+            "usual_cpu_share": None if usual is None else round(usual, 3), "worst": out}
+
+
 def engine_steps(rows: list[dict]) -> list[tuple[list[tuple[int, int]], float]]:
     """Every timed step as the simulator's measured truth takes it (`simulate --truth
     steplog:FILE`, triage/sim/truth.py): ([(tokens computed, tokens already in the KV), ...
@@ -229,6 +266,7 @@ def _busy(w: list[dict]) -> dict:
         "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
         "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
         "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
+        "stalls": stalls(w, step_cost(w)),
     }
 
 

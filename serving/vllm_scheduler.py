@@ -44,6 +44,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
+from serving.engine_cpu import EngineCPU
 from serving.instance.fields import request_fields
 from serving.instance.load import load_snapshot
 from triage.classes import ClassError, PriorityClasses, load_classes
@@ -219,6 +220,8 @@ class TriageScheduler(Scheduler):
         self._t_sched_end = 0.0
         self._step_rec: dict | None = None     # this step's step-log line, written once its output is in
         self._t_exec0 = 0.0
+        self._engine_cpu = EngineCPU() if s.step_log else None
+        self._cpu_exec0 = (0.0, 0.0)
         self._ape_sum = 0.0
         self._ape_n = 0
         self._recompute_only: set[str] = set()
@@ -441,6 +444,7 @@ class TriageScheduler(Scheduler):
             self._flush_step()   # a step vLLM never reported back (nothing ran)
             self._step_rec = self._step_record(now, plan, out.num_scheduled_tokens, sorted(out.preempted_req_ids), dt)
             self._t_exec0 = time.perf_counter()
+            self._cpu_exec0 = self._engine_cpu.read()
         self.tstats.last_plan_s = dt
         self.tstats.plan_overhead_s_max = max(self.tstats.plan_overhead_s_max, dt)
         self._t_sched_end = self.clock()
@@ -519,8 +523,11 @@ class TriageScheduler(Scheduler):
         prefill or decode), what was preempted, why and for whom, and where the step's time
         went: `sched_ms` scheduling it (our plan and vLLM's schedule), `exec_ms` the model
         (the executor, from the end of scheduling until its output came back), `update_ms`
-        taking the output in (vLLM's update and our bookkeeping). No prompt text. Written
-        when the step's output is in (`_flush_step`)."""
+        taking the output in (vLLM's update and our bookkeeping), and beside `exec_ms` the CPU
+        the model's processes spent in it, `exec_cpu_ms` (of which `exec_sys_ms` in the kernel;
+        10-ms ticks, serving/engine_cpu.py): a step far slower than its prediction with little
+        CPU in it waited for a core. No prompt text. Written when the step's output is in
+        (`_flush_step`)."""
         st, cid = self.tstate, lambda rid: self._client_id.get(rid, rid)  # noqa: E731
         level = lambda rid: st.requests[rid].level if rid in st.requests else None  # noqa: E731
         why = {p.request_id: p for p in plan.preemptions}
@@ -539,16 +546,22 @@ class TriageScheduler(Scheduler):
                "waiting": len(self.waiting), "ran": ran, "preempted": pre}
         return rec
 
-    def _flush_step(self, exec_s: float | None = None, update_s: float | None = None) -> None:
+    def _flush_step(self, exec_s: float | None = None, update_s: float | None = None,
+                    cpu: tuple[float, float] | None = None) -> None:
         rec, self._step_rec = self._step_rec, None
         if rec is None:
             return
         if exec_s is not None:
             rec["exec_ms"], rec["update_ms"] = round(1000 * exec_s, 2), round(1000 * update_s, 2)
+        if cpu is not None:
+            (u0, s0), (u1, s1) = self._cpu_exec0, cpu
+            rec["exec_cpu_ms"], rec["exec_sys_ms"] = round(1000 * (u1 - u0 + s1 - s0)), round(1000 * (s1 - s0))
         self._step_log.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output):
-        t_in = time.perf_counter() if self._step_rec is not None else 0.0   # timed only for the step log
+        timed = self._step_rec is not None   # timed only for the step log
+        t_in = time.perf_counter() if timed else 0.0
+        cpu_in = self._engine_cpu.read() if timed else None
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self.clock()
         st = self.tstate
@@ -571,7 +584,7 @@ class TriageScheduler(Scheduler):
                 self._ape_n += 1
             self._pending_works = None
         if self._step_rec is not None:
-            self._flush_step(t_in - self._t_exec0, time.perf_counter() - t_in)
+            self._flush_step(t_in - self._t_exec0, time.perf_counter() - t_in, cpu_in)
         return outputs
 
     def _sync(self, r: Request, req: VllmRequest, now: float) -> None:

@@ -22,8 +22,9 @@ def steps(
                                                         "(X-Request-Id / the audit row's id)")] = None,
 ) -> None:
     """Where a busy spell's engine steps went: seats filling, steps until the queue emptied,
-    the tail, a step's cost (fixed + per decode + per prompt token, fitted), preemptions by
-    reason, and each level's answer lengths; a line for each spell when the log holds several.
+    the tail, a step's cost (fixed + per decode + per prompt token, fitted), the steps that
+    stalled far past it (and whether the engine computed or waited for a core), preemptions
+    by reason, and each level's answer lengths; a line for each spell when the log holds several.
     Client ids and levels only: a step log holds no text."""
     import json
 
@@ -59,11 +60,13 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
     con = Console()
     if len(rep["spells"]) > 1:
         t = Table("spell", "steps", "s", "seats full after", "every seat", "tail", "model s",
-                  "seat-s free while waiting", title=f"{len(rep['spells'])} busy spells in the log")
+                  "seat-s free while waiting", "stalls (s lost)", title=f"{len(rep['spells'])} busy spells in the log")
         for k, x in enumerate(rep["spells"], 1):
+            st = x["stalls"]
             t.add_row(str(k), f"{x['first_step']}-{x['last_step']} ({x['steps']})", f"{x['wall_s']:.2f}",
                       str(x["seats_full_after"]["steps"]), str(x["steps_every_seat"]), str(x["tail"]["steps"]),
-                      f"{x['model_s']:.2f}", f"{x['seats_free_while_waiting']['seat_s']:.2f}")
+                      f"{x['model_s']:.2f}", f"{x['seats_free_while_waiting']['seat_s']:.2f}",
+                      f"{st['n']} ({st['lost_s']:.2f})" if st else "-")
         con.print(t)
         con.print(f"spell {rep['spell']} in full (--spell K for another):")
     con.print(f"[bold]busy spell[/bold]: steps {b['first_step']}-{b['last_step']} ({b['steps']} of {rep['steps']} "
@@ -80,6 +83,7 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
     if c:
         con.print(f"a step's model time ≈ {c['fixed_ms']} ms + {c['per_decode_ms']} ms a decode + "
                   f"{c['per_prompt_token_ms']} ms a prompt token (residual s.d. {c['residual_sd_ms']} ms, {c['steps']} steps)")
+    _print_stalls(con, b["stalls"])
     con.print(f"preemptions: {p['n']}" + (f" (reasons {p['by_reason']}, modes {p['by_mode']})" if p["n"] else ""))
     t = Table("level", "requests", "answer tokens, mean", "at the longest", "prompt tokens, mean")
     for lvl, v in rep["levels"].items():
@@ -87,6 +91,19 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
     con.print(t)
     if plot is not None:
         con.print(f"plot: {plot}")
+
+
+def _print_stalls(con, st: dict | None) -> None:
+    if not st or not st["n"]:
+        return
+    usual = st["usual_cpu_share"]
+    con.print(f"[bold]stalls[/bold]: {st['n']} step(s) ran 3x their fitted cost or more, {st['lost_s']:.2f} s lost"
+              + (f"; an ordinary step's model gets {usual:.0%} of a core-second a second" if usual else ""))
+    for x in st["worst"]:
+        cpu = "" if x["cpu_share"] is None else f", CPU {x['cpu_share']:.0%} of it"
+        why = {"starved": ": starved (it waited for a core: other work on its cores, or the VM's host)",
+               "computing": ": computing (the engine itself worked longer: a compilation, page faults)"}.get(x["verdict"], "")
+        con.print(f"  step {x['step']} at {x['at_s']:.2f} s: {x['exec_ms']:.0f} ms against {x['expected_ms']:.0f} expected{cpu}{why}")
 
 
 def _one_call(c: dict) -> str:

@@ -167,6 +167,7 @@ def test_the_step_log_shows_the_urgent_call_and_what_it_displaced(tmp_path):
     assert victim["for"] == "urgent" and victim["for_level"] == 1 and victim["mode"] == "recompute"
     assert victim["id"] not in {r[0] for r in last["ran"]}
     assert all(r["sched_ms"] >= 0 and r["exec_ms"] >= 0 and r["update_ms"] >= 0 for r in recs)
+    assert all(r["exec_cpu_ms"] >= r["exec_sys_ms"] >= 0 for r in recs)   # the model's CPU beside its wall time
 
 
 def test_with_prefix_caching_the_plan_charges_only_the_uncached_part_of_a_prompt():

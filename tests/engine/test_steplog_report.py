@@ -113,6 +113,53 @@ def test_the_step_cost_fit_recovers_the_model_and_drops_steps_slowed_by_other_wo
     assert abs(cost["per_prompt_token_ms"] - PER_TOKEN) < 1e-3 and cost["residual_sd_ms"] < 1e-6
 
 
+def _stalled_log(tmp_path, cpu_share_of_stalls: float):
+    """The fit's spell plus varied steps in its tail, each with the model's CPU time (a
+    one-thread engine: CPU = wall), and two steps that ran 4 s and 1.5 s over their cost
+    with `cpu_share_of_stalls` of a core; one 300-ms hiccup that is no stall."""
+    _, rows = _log(tmp_path)
+    t0 = rows[-1]["t"]
+    extra = [_step(100 + k, t0 + 0.1 * (k + 1), [["x", 3, 1, "decode"]] * (k % 5 + 1) + [["y", 3, 7 * (k % 3), "prefill"]], 0)
+             for k in range(24)]
+    body = [dict(r, exec_cpu_ms=round(r["exec_ms"]), exec_sys_ms=1) for r in rows + extra]
+    for i, over in ((-20, 4000.0), (-10, 1500.0)):
+        r = body[i]
+        body[i] = dict(r, exec_ms=r["exec_ms"] + over, exec_cpu_ms=round(cpu_share_of_stalls * (r["exec_ms"] + over)))
+    body[-5] = dict(body[-5], exec_ms=body[-5]["exec_ms"] + 300.0, exec_cpu_ms=round(body[-5]["exec_ms"] + 300.0))
+    f = tmp_path / f"stalls-{cpu_share_of_stalls}.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in body), encoding="utf-8")
+    return f, body
+
+
+def test_a_step_far_past_its_cost_is_a_stall_and_its_cpu_says_whether_the_engine_waited_for_a_core(tmp_path):
+    """An instance's steps all froze for seconds in a cluster burst (every stream on it,
+    an ESI-1 answer's too): the report lists such steps, worst first, with the seconds they
+    lost, and reads the model's CPU time beside the wall time: a step that got a tenth of a
+    core waited for one (other work on its cores, or the VM's host); one that used a whole
+    core computed (a compilation, page faults). A 300-ms hiccup is no stall."""
+    f, body = _stalled_log(tmp_path, 0.1)
+    st = summarize(load(f))["busy"]["stalls"]
+    assert st["n"] == 2 and abs(st["lost_s"] - 5.5) < 0.01
+    assert [x["step"] for x in st["worst"]] == [body[-20]["step"], body[-10]["step"]]
+    assert all(x["verdict"] == "starved" and abs(x["cpu_share"] - 0.1) < 0.01 for x in st["worst"])
+    assert abs(st["usual_cpu_share"] - 1.0) < 0.01
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "2 step(s) ran 3x their fitted cost" in r.stdout and "starved" in r.stdout
+    st = summarize(load(_stalled_log(tmp_path, 1.0)[0]))["busy"]["stalls"]
+    assert st["n"] == 2 and all(x["verdict"] == "computing" for x in st["worst"])
+
+
+def test_a_log_without_cpu_times_still_lists_its_stalls_without_a_verdict(tmp_path):
+    f, body = _stalled_log(tmp_path, 0.1)
+    old = [{k: v for k, v in r.items() if k not in ("exec_cpu_ms", "exec_sys_ms")} for r in body]
+    f.write_text("".join(json.dumps(r) + "\n" for r in old), encoding="utf-8")
+    st = summarize(load(f))["busy"]["stalls"]
+    assert st["n"] == 2 and st["usual_cpu_share"] is None
+    assert all(x["verdict"] is None and x["cpu_share"] is None for x in st["worst"])
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "stalls" in r.stdout and "starved" not in r.stdout
+
+
 def test_preemptions_and_each_levels_answers_are_reported(tmp_path):
     f, _ = _log(tmp_path)
     rep = summarize(load(f))

@@ -96,11 +96,11 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
 def _print_stalls(con, st: dict | None) -> None:
     if not st or not st["n"]:
         return
-    usual = st["usual_cpu_share"]
-    con.print(f"[bold]stalls[/bold]: {st['n']} step(s) ran 3x their fitted cost or more, {st['lost_s']:.2f} s lost"
-              + (f"; an ordinary step's model gets {usual:.0%} of a core-second a second" if usual else ""))
+    usual, n = st["usual_cpu_share"], st["n"]
+    con.print(f"[bold]stalls[/bold]: {n} step{'s' if n > 1 else ''} ran 3x the fitted cost or more, {st['lost_s']:.2f} s lost"
+              + (f" (the model's CPU in an ordinary step: {usual:.0%} of its time)" if usual else ""))
     for x in st["worst"]:
-        cpu = "" if x["cpu_share"] is None else f", CPU {x['cpu_share']:.0%} of it"
+        cpu = "" if x["cpu_share"] is None else f", model CPU {x['cpu_share']:.0%} of it"
         why = {"starved": ": starved (it waited for a core: other work on its cores, or the VM's host)",
                "computing": ": computing (the engine itself worked longer: a compilation, page faults)"}.get(x["verdict"], "")
         con.print(f"  step {x['step']} at {x['at_s']:.2f} s: {x['exec_ms']:.0f} ms against {x['expected_ms']:.0f} expected{cpu}{why}")

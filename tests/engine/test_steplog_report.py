@@ -144,7 +144,7 @@ def test_a_step_far_past_its_cost_is_a_stall_and_its_cpu_says_whether_the_engine
     assert all(x["verdict"] == "starved" and abs(x["cpu_share"] - 0.1) < 0.01 for x in st["worst"])
     assert abs(st["usual_cpu_share"] - 1.0) < 0.01
     r = runner.invoke(app, ["steps", str(f)])
-    assert r.exit_code == 0 and "2 step(s) ran 3x their fitted cost" in r.stdout and "starved" in r.stdout
+    assert r.exit_code == 0 and "2 steps ran 3x the fitted cost" in r.stdout and "starved" in r.stdout
     st = summarize(load(_stalled_log(tmp_path, 1.0)[0]))["busy"]["stalls"]
     assert st["n"] == 2 and all(x["verdict"] == "computing" for x in st["worst"])
 

@@ -94,10 +94,12 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
 
 
 def _print_stalls(con, st: dict | None) -> None:
+    from serving.steplog_report import STALL_X
+
     if not st or not st["n"]:
         return
     usual, n = st["usual_cpu_share"], st["n"]
-    con.print(f"[bold]stalls[/bold]: {n} step{'s' if n > 1 else ''} ran 3x the fitted cost or more, {st['lost_s']:.2f} s lost"
+    con.print(f"[bold]stalls[/bold]: {n} step{'s' if n > 1 else ''} ran {STALL_X:g}x the fitted cost or more, {st['lost_s']:.2f} s lost"
               + (f" (the model's CPU in an ordinary step: {usual:.0%} of its time)" if usual else ""))
     for x in st["worst"]:
         cpu = "" if x["cpu_share"] is None else f", model CPU {x['cpu_share']:.0%} of it"

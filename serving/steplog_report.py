@@ -215,6 +215,8 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict
     spells = busy_windows(rows, idle_gap_s)
     a, b = _pick(spells, spell)
     w = rows[a:b + 1]
+    costs = [step_cost(rows[i:j + 1]) for i, j in spells]   # each spell's own: an idle engine's steps run slower
+    figures = [_busy(rows[i:j + 1], c) for (i, j), c in zip(spells, costs)]
     calls = defaultdict(lambda: [None, 1, 0])   # id -> [level, answer tokens, prompt tokens]
     for r in w:
         for rid, lvl, k, kind in r["ran"]:
@@ -232,9 +234,9 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict
     return {
         "steps": len(rows),
         "spell": spell,
-        "busy": _busy(w),
-        "spells": [_busy(rows[i:j + 1]) for i, j in spells],
-        "step_cost": step_cost(w),   # the spell only: an idle engine's steps run slower (cold caches, clocks)
+        "busy": figures[spell - 1],
+        "spells": figures,
+        "step_cost": costs[spell - 1],   # the spell only: an idle engine's steps run slower (cold caches, clocks)
         "preemptions": {"n": len(pre), "by_reason": dict(Counter(p.get("reason") for p in pre)),
                         "by_mode": dict(Counter(p.get("mode") for p in pre))},
         "levels": {str(lvl): {"requests": len(cs), "mean_tokens": round(sum(a for a, _ in cs) / len(cs), 1),
@@ -244,7 +246,7 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict
     }
 
 
-def _busy(w: list[dict]) -> dict:
+def _busy(w: list[dict], cost: dict | None) -> dict:
     """One busy spell's figures: its steps and time, how long the seats took to fill, the
     steps that ran every seat, the steps until the queue emptied and the tail after it."""
     t0 = w[0]["t"]
@@ -266,7 +268,7 @@ def _busy(w: list[dict]) -> dict:
         "model_s": round(sum(r.get("exec_ms") or 0 for r in w) / 1000, 3),
         "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
         "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
-        "stalls": stalls(w, step_cost(w)),
+        "stalls": stalls(w, cost),
     }
 
 

@@ -238,12 +238,34 @@ def summarize(rows: list[dict], idle_gap_s: float = 1.0, spell: int = 1) -> dict
         "spells": figures,
         "step_cost": costs[spell - 1],   # the spell only: an idle engine's steps run slower (cold caches, clocks)
         "preemptions": {"n": len(pre), "by_reason": dict(Counter(p.get("reason") for p in pre)),
-                        "by_mode": dict(Counter(p.get("mode") for p in pre))},
+                        "by_mode": dict(Counter(p.get("mode") for p in pre)),
+                        "out_of_seat": out_of_seat(w)},
         "levels": {str(lvl): {"requests": len(cs), "mean_tokens": round(sum(a for a, _ in cs) / len(cs), 1),
                               "at_longest": sum(1 for a, _ in cs if a == cap),
                               "mean_prompt_tokens": round(sum(p for _, p in cs) / len(cs), 1)}
                    for lvl, cs in sorted(by_level.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
     }
+
+
+def out_of_seat(w: list[dict]) -> dict:
+    """Per level of the preempted calls: how long each was out of its seat, from the step
+    that preempted it to the next step it ran in (the stall its stream shows mid-answer,
+    a recompute's prompt included), p50 and max; `not_resumed`: calls that never ran again
+    in the spell."""
+    gaps: dict = defaultdict(list)
+    missing: Counter = Counter()
+    for i, r in enumerate(w):
+        for p in r.get("preempted", []):
+            back = next((x["t"] for x in w[i + 1:] if any(e[0] == p.get("id") for e in x["ran"])), None)
+            if back is None:
+                missing[p.get("level")] += 1
+            else:
+                gaps[p.get("level")].append(back - r["t"])
+    levels = sorted(set(gaps) | set(missing), key=lambda lv: (lv is None, lv or 0))
+    return {str(lv): {"n": len(gaps[lv]) + missing[lv],
+                      "p50_s": round(float(np.median(gaps[lv])), 3) if gaps[lv] else None,
+                      "max_s": round(max(gaps[lv]), 3) if gaps[lv] else None,
+                      "not_resumed": missing[lv]} for lv in levels}
 
 
 def _busy(w: list[dict], cost: dict | None) -> dict:

@@ -85,6 +85,9 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
                   f"{c['per_prompt_token_ms']} ms a prompt token (residual s.d. {c['residual_sd_ms']} ms, {c['steps']} steps)")
     _print_stalls(con, b["stalls"])
     con.print(f"preemptions: {p['n']}" + (f" (reasons {p['by_reason']}, modes {p['by_mode']})" if p["n"] else ""))
+    for lv, o in p["out_of_seat"].items():
+        back = f"out of its seat p50 {o['p50_s']} s, max {o['max_s']} s" if o["p50_s"] is not None else "none ran again"
+        con.print(f"  level {lv}: {o['n']} preempted, {back}" + (f", {o['not_resumed']} never ran again" if o["not_resumed"] and o["p50_s"] is not None else ""))
     t = Table("level", "requests", "answer tokens, mean", "at the longest", "prompt tokens, mean")
     for lvl, v in rep["levels"].items():
         t.add_row(lvl, str(v["requests"]), str(v["mean_tokens"]), str(v["at_longest"]), str(v["mean_prompt_tokens"]))

@@ -219,6 +219,33 @@ def test_level_order_resumes_a_preempted_request_first_within_its_level():
     assert list(p.tokens)[0] == "old"
 
 
+def test_resume_before_lets_an_evicted_stream_resume_ahead_of_fresh_calls_with_room():
+    """resume_before f: a preempted level-5 stream takes the free seat ahead of a fresh
+    level-3 call that still has more than f x its 4 s TTFT SLO left (without the option it
+    waits behind it, stalled mid-answer); once that call is short of room, it goes first.
+    Fresh calls keep their order among themselves."""
+    kw = dict(order="level", evict_for="deadline")
+
+    def state(three_arrival):
+        st = make_state(max_seqs=2)
+        make_running(st, level=4, rid="run", output=7)        # its seat frees by itself soon
+        make_running(st, level=5, rid="victim", output=500, arrival=0.2)
+        st.preempt("victim", 0)
+        make_request(st, level=3, prompt=50, arrival=three_arrival, rid="three")
+        make_request(st, level=4, prompt=50, arrival=three_arrival, rid="four")
+        return st
+
+    roomy = state(three_arrival=9.5)                          # 3.5 s of its 4 s left at t=10
+    assert "three" in plan("triage", roomy, now=10.0, **kw).tokens       # default: the fresh call first
+    p = plan("triage", roomy, now=10.0, resume_before=0.5, **kw)
+    assert "victim" in p.tokens and "three" not in p.tokens and not p.preemptions
+    tight = state(three_arrival=7.0)                          # 1 s left: less than half its SLO
+    p = plan("triage", tight, now=10.0, resume_before=0.5, **kw)
+    assert "three" in p.tokens and "victim" not in p.tokens
+    with pytest.raises(ValueError, match="resume_before"):
+        plan("triage", roomy, resume_before=1.5, **kw)
+
+
 def test_level_order_runs_every_decode_and_caps_the_step():
     """Decodes first (they keep the seats productive), then prefill by level within
     max_step_s; the cap never drops a running decode."""

@@ -163,7 +163,13 @@ def test_a_log_without_cpu_times_still_lists_its_stalls_without_a_verdict(tmp_pa
 def test_preemptions_and_each_levels_answers_are_reported(tmp_path):
     f, _ = _log(tmp_path)
     rep = summarize(load(f))
-    assert rep["preemptions"] == {"n": 1, "by_reason": {"seat": 1}, "by_mode": {"recompute": 1}}
+    pre = rep["preemptions"]
+    assert {k: pre[k] for k in ("n", "by_reason", "by_mode")} == {"n": 1, "by_reason": {"seat": 1}, "by_mode": {"recompute": 1}}
+    # the level-5 victim ran again one step later: out of its seat for that step's length
+    rows = load(f)
+    at = next(i for i, r in enumerate(rows) if r["preempted"])
+    assert pre["out_of_seat"] == {"5": {"n": 1, "p50_s": round(rows[at + 1]["t"] - rows[at]["t"], 3),
+                                        "max_s": round(rows[at + 1]["t"] - rows[at]["t"], 3), "not_resumed": 0}}
     lv = rep["levels"]
     assert lv["1"]["requests"] == 2 and lv["2"]["requests"] == 1 and lv["5"]["requests"] == 3
     assert lv["1"]["mean_tokens"] == 3.0 and lv["5"]["at_longest"] == 1 and lv["5"]["mean_prompt_tokens"] == 10.0
@@ -179,6 +185,7 @@ def test_the_command_prints_json_draws_a_png_and_refuses_what_is_not_a_step_log(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(app, ["steps", str(f)])
     assert r.exit_code == 0 and "tail" in r.stdout and "preemptions: 1" in r.stdout
+    assert "level 5: 1 preempted, out of its seat p50" in r.stdout
     r = runner.invoke(app, ["steps", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "no step log" in r.output
     other = tmp_path / "audit.jsonl"

@@ -46,7 +46,12 @@ docs/preemption.md): strict urgency with decode-first batching:
        docs/measurements/single-engine.md, trace replay);
     2. batch: protected requests; every running decode (cheap, keeps the seats
        productive); then the rest by level, a preempted request first within its level,
-       then remain. With `short_first_step` (default), a step in which a protected
+       then remain. With `resume_before` f (off by default), a preempted request resumes
+       ahead of all fresh (unprotected) waiting calls while each more urgent one has at least
+       f x its TTFT SLO left before its first-token deadline, so an evicted stream does not
+       stall mid-answer behind calls that can afford to wait; fresh calls keep their order
+       among themselves, and one still displaces by the eviction rule if its seat would come
+       too late. With `short_first_step` (default), a step in which a protected
        request's prompt completes (its first token is emitted when the step ends) takes
        nothing after the running decodes: the protected request's first token does not
        wait for other requests' prefill chunks to fill the step (they run one step later;
@@ -89,8 +94,13 @@ class Triage(SlideBatching):
                  evict_for: str = "protected", safety: float = 1.0, order: str = "slide",
                  max_step_s: float | None = None, max_preemptions: int = 2, short_first_step: bool = True,
                  protected_pace: float = 1.0, solo_first_step: bool = False, unsplit_prompts: bool = True,
-                 first_step_slack: float = 0.0) -> None:
+                 first_step_slack: float = 0.0, resume_before: float | None = None) -> None:
         super().__init__(phi=phi, gamma=gamma, eta=eta)
+        # order="level": a fresh waiting call whose first-token deadline is still at least this
+        # fraction of its TTFT SLO away lets preempted streams resume ahead of it (docstring, 2.)
+        if resume_before is not None and not 0 < resume_before <= 1:
+            raise ValueError("resume_before must be in (0, 1] (a fraction of a fresh call's TTFT SLO), or None")
+        self.resume_before = resume_before
         # order="level": no protected prompt is split by the step's time, and no prompt is left
         # with a rest cheaper than a step's fixed cost (module docstring, 2.)
         self.unsplit_prompts = unsplit_prompts
@@ -224,6 +234,15 @@ class Triage(SlideBatching):
         resumed = np.zeros(n, dtype=bool)
         resumed[n_run:] = [r.preemptions > 0 for r in reqs[n_run:]]
         group = np.where(protected, 0, np.where(decode, 1, 2))
+        if self.resume_before is not None and resumed.any():
+            # a preempted stream resumes ahead of the fresh calls when none more urgent than it
+            # is short of room before its first-token deadline (fresh calls keep their order)
+            w = np.arange(n_run, n)
+            ttft = np.array([reqs[i].ttft_slo for i in w])
+            tight = ~resumed[w] & ~protected[w] & (q.remain[w] < self.resume_before * ttft)
+            tightest = float(q.level[w][tight].min()) if tight.any() else np.inf
+            group = np.where(group == 2, 3, group)
+            group = np.where(resumed & ~protected & (q.level <= tightest), 2, group)
         order = np.lexsort((q.seq, q.remain, ~resumed, q.level, group))
         b = BatchBuilder(view, time_budget=t_budget,
                          min_remainder_s=q.t_c if self.unsplit_prompts else 0.0)
@@ -297,6 +316,12 @@ class Triage(SlideBatching):
                         continue
                 victims = victims if victims is not None else self._eviction_order(view, q)
                 if not b.make_room(r, victims, outranks=less_urgent, keep=keep):
+                    if r.preemptions > 0 and self.resume_before is not None:
+                        # a preempted stream may stand ahead of more urgent fresh calls: it waits
+                        # for a seat, they may still displace
+                        tokens_left += chunk
+                        prefill_time += est.request_time(chunk, r.computed)
+                        continue
                     break  # nothing less urgent left to evict, and later requests are no more urgent
             need = -(-r.known // b.bs)
             b.seats_left -= 1

@@ -253,14 +253,15 @@ def out_of_seat(w: list[dict]) -> dict:
     a recompute's prompt included), p50 and max; `not_resumed`: calls that never ran again
     in the spell."""
     gaps: dict = defaultdict(list)
-    missing: Counter = Counter()
-    for i, r in enumerate(w):
+    out: dict = {}   # id -> (level, when preempted), until it runs again
+    for r in w:
+        for e in r["ran"]:
+            if e[0] in out:
+                lv, t = out.pop(e[0])
+                gaps[lv].append(r["t"] - t)
         for p in r.get("preempted", []):
-            back = next((x["t"] for x in w[i + 1:] if any(e[0] == p.get("id") for e in x["ran"])), None)
-            if back is None:
-                missing[p.get("level")] += 1
-            else:
-                gaps[p.get("level")].append(back - r["t"])
+            out[p.get("id")] = (p.get("level"), r["t"])
+    missing = Counter(lv for lv, _ in out.values())
     levels = sorted(set(gaps) | set(missing), key=lambda lv: (lv is None, lv or 0))
     return {str(lv): {"n": len(gaps[lv]) + missing[lv],
                       "p50_s": round(float(np.median(gaps[lv])), 3) if gaps[lv] else None,

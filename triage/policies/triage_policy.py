@@ -301,7 +301,8 @@ class Triage(SlideBatching):
             if self.evict_for in ("protected", "urgent") and r.level > self.protect_level:
                 break
             chunk = min(r.need, tokens_left)
-            prefill_time -= est.request_time(chunk, r.computed)
+            cost = est.request_time(chunk, r.computed)
+            prefill_time -= cost
             if chunk <= 0 or (prefill_time < 0 and held_seats and r.level > self.protect_level):
                 break  # it would get no tokens this step: evicting for it now wastes work
             tokens_left -= chunk
@@ -314,7 +315,7 @@ class Triage(SlideBatching):
                     wait = float(natural[k]) if 0 <= k < len(natural) else float("inf")
                     if q.remain[i] >= self.safety * wait:  # the seat that frees by itself is soon enough
                         tokens_left += chunk
-                        prefill_time += est.request_time(chunk, r.computed)
+                        prefill_time += cost
                         continue
                 victims = victims if victims is not None else self._eviction_order(view, q)
                 if not b.make_room(r, victims, outranks=less_urgent, keep=keep):
@@ -322,7 +323,7 @@ class Triage(SlideBatching):
                         # a preempted stream may stand ahead of more urgent fresh calls: it waits
                         # for a seat, they may still displace
                         tokens_left += chunk
-                        prefill_time += est.request_time(chunk, r.computed)
+                        prefill_time += cost
                         continue
                     break  # nothing less urgent left to evict, and later requests are no more urgent
             need = -(-r.known // b.bs)

@@ -215,9 +215,10 @@ def audit_rows(db: Path) -> dict:
     """Rows of the front end's `requests` table: count and outcomes, per instance the calls,
     output tokens and last finish (`per_instance`, seconds after the first arrival), and per
     level the time a call spent in the front end before it was handed to an instance
-    (arrival to dispatch: reading, classifying, the admission queue), p50 / max in ms."""
+    (arrival to dispatch: reading, classifying, the admission queue) and from there to its
+    first token (`engine_ms`: the instance's queue and prefill, and the relay), p50 / max in ms."""
     if not db.exists():
-        return {"rows": 0, "outcomes": {}, "per_instance": {}, "instance_of": {}, "front_ms": {}}
+        return {"rows": 0, "outcomes": {}, "per_instance": {}, "instance_of": {}, "front_ms": {}, "engine_ms": {}}
     with contextlib.closing(sqlite3.connect(str(db))) as c:
         outcomes = dict(c.execute("SELECT outcome, count(*) FROM requests GROUP BY outcome").fetchall())
         (t0,) = c.execute("SELECT min(arrival) FROM requests").fetchone()
@@ -225,12 +226,17 @@ def audit_rows(db: Path) -> dict:
                             t0 or 0.0)
         instance_of = dict(c.execute("SELECT id, instance FROM requests").fetchall())
         waits: dict[str, list[float]] = {}
-        for level, wait in c.execute("SELECT effective_level, dispatched - arrival FROM requests "
-                                     "WHERE dispatched IS NOT NULL"):
+        engine: dict[str, list[float]] = {}
+        for level, wait, first in c.execute("SELECT effective_level, dispatched - arrival, first_token - dispatched "
+                                            "FROM requests WHERE dispatched IS NOT NULL"):
             waits.setdefault(str(level), []).append(1000 * wait)
-    front = {lv: {"p50": round(statistics.median(w), 1), "max": round(max(w), 1)} for lv, w in sorted(waits.items())}
+            if first is not None:
+                engine.setdefault(str(level), []).append(1000 * first)
+
+    def p50_max(by_level: dict[str, list[float]]) -> dict:
+        return {lv: {"p50": round(statistics.median(w), 1), "max": round(max(w), 1)} for lv, w in sorted(by_level.items())}
     return {"rows": sum(outcomes.values()), "outcomes": outcomes, "per_instance": inst, "instance_of": instance_of,
-            "front_ms": front}
+            "front_ms": p50_max(waits), "engine_ms": p50_max(engine)}
 
 
 def slowest_esi1(db: Path, res: list[Result], n: int = 3) -> list[dict]:

@@ -208,7 +208,8 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
     what each instance was given and when it ended, so that a reader of `bench cluster`
     can tell uneven work (one instance done seconds after the other) from uneven steps (two
     instances done together, one with the longer tail of short steps). A call never
-    dispatched (shed at the front end) counts under '-' and has no finish."""
+    dispatched (shed at the front end) counts under '-' and has no finish. Per level, the
+    report splits the wait for a first token into the front end's part and the instance's."""
     from sqlalchemy.orm import Session
 
     from serving.db.models import RequestRow
@@ -223,11 +224,15 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
         for rid, at, fin, out, inst in rows:
             s.add(RequestRow(id=rid, endpoint="chat", effective_level=5, ttft_slo=1.0, tpot_slo=0.1, classes_version=1,
                              arrival=t0 + at, dispatched=None if inst is None else t0 + at + 0.01,
+                             first_token=None if inst is None else t0 + at + 0.51,
                              finish=None if fin is None else t0 + fin, output_tokens=out, instance=inst,
                              outcome="ok" if inst else "shed"))
         s.commit()
     got = cluster.audit_rows(tmp_path / "audit.db")
     assert got["rows"] == 4 and got["outcomes"] == {"ok": 3, "shed": 1}
+    # where a level's first token waited: in the front end (to dispatch), then on the instance
+    assert got["front_ms"] == {"5": {"p50": 10.0, "max": 10.0}}
+    assert got["engine_ms"] == {"5": {"p50": 500.0, "max": 500.0}}
     assert got["instance_of"] == {"a": "http://i0", "b": "http://i0", "c": "http://i1", "d": None}
     assert got["per_instance"] == {"-": {"calls": 1, "output_tokens": 0, "last_finish_s": None},
                                    "http://i0": {"calls": 2, "output_tokens": 102, "last_finish_s": 40.79},

@@ -559,10 +559,20 @@ def line(name: str, s: dict) -> str:
     one = s["per_level"].get("1", {})
     return (f"{name}: {s['completed']} ok, {s['errors']} clear errors, {s['lost']} lost, TDG {s['tdg_ratio']}, "
             f"{s['tokens_per_s']} tok/s, goodput {s['goodput_rps']} rps, ESI-1 SLO {one.get('slo_attainment')} "
-            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + order_note(s.get("order"))
+            f"TTFT p50 {one.get('ttft_p50_ms')} ms p99 {one.get('ttft_p99_ms')} ms" + _esi1_wait_note(s.get("audit"))
+            + order_note(s.get("order"))
             + steal_note(s.get("vm_steal_s"))
             + "".join(f"\n  {url}: {d['calls']} calls, {d['output_tokens']} output tokens, last done {d['last_finish_s']} s"
                       + _engine_note(d) for url, d in s.get("per_instance", {}).items()))
+
+
+def _esi1_wait_note(audit: dict | None) -> str:
+    """Where a turn's level-1 calls waited for their first token, p50: the front end (to
+    dispatch) and the instance (dispatch to first token), from the audit rows."""
+    front, engine = ((audit or {}).get(k, {}).get("1") for k in ("front_ms", "engine_ms"))
+    if not front or not engine:
+        return ""
+    return f" (level 1 p50: {front['p50']} ms in the front end, {engine['p50']} ms on the instance)"
 
 
 def _engine_note(d: dict) -> str:

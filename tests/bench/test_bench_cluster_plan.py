@@ -240,6 +240,11 @@ def test_a_turn_reports_each_instances_calls_tokens_and_last_finish(tmp_path):
     line = cluster.line("gorouting", {"completed": 3, "errors": 1, "lost": 0, "tdg_ratio": 1.0, "tokens_per_s": 1.0,
                                       "goodput_rps": 1.0, "per_level": {}, "per_instance": got["per_instance"]})
     assert "http://i0: 2 calls, 102 output tokens, last done 40.79 s" in line
+    assert "in the front end" not in line   # no level-1 row: no split to print
+    split = {"front_ms": {"1": {"p50": 512.0, "max": 900.0}}, "engine_ms": {"1": {"p50": 2400.0, "max": 3500.0}}}
+    line = cluster.line("gorouting", {"completed": 3, "errors": 1, "lost": 0, "tdg_ratio": 1.0, "tokens_per_s": 1.0,
+                                      "goodput_rps": 1.0, "per_level": {}, "audit": split})
+    assert "(level 1 p50: 512.0 ms in the front end, 2400.0 ms on the instance)" in line
     # where the instances' /metrics said, each one's engine work is printed beside its calls
     got["per_instance"]["http://i0"].update(engine_steps=179, engine_tokens=9120, preemptions=3)
     got["per_instance"]["http://i1"].update(engine_steps=148, engine_tokens=None, preemptions=None)

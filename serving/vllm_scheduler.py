@@ -526,8 +526,8 @@ class TriageScheduler(Scheduler):
         taking the output in (vLLM's update and our bookkeeping), and beside `exec_ms` the CPU
         the model's processes spent in it, `exec_cpu_ms` (of which `exec_sys_ms` in the kernel;
         10-ms ticks, serving/engine_cpu.py): a step far slower than its prediction with little
-        CPU in it waited for a core. No prompt text. Written when the step's output is in
-        (`_flush_step`)."""
+        CPU in it waited for a core; `waiting` the requests left waiting, `waiting_levels` the
+        same by level. No prompt text. Written when the step's output is in (`_flush_step`)."""
         st, cid = self.tstate, lambda rid: self._client_id.get(rid, rid)  # noqa: E731
         level = lambda rid: st.requests[rid].level if rid in st.requests else None  # noqa: E731
         why = {p.request_id: p for p in plan.preemptions}
@@ -543,8 +543,19 @@ class TriageScheduler(Scheduler):
         rec = {"step": self.tstats.steps, "t": round(now, 4), "budget_s": plan.budget_s,
                "predicted_s": round(plan.predicted_s, 4), "sched_ms": round(1000 * sched_s, 2), "stop": plan.stop,
                "running": len(self.running),
-               "waiting": len(self.waiting), "ran": ran, "preempted": pre}
+               "waiting": len(self.waiting), "waiting_levels": self._waiting_levels(level), "ran": ran, "preempted": pre}
         return rec
+
+    def _waiting_levels(self, level) -> dict[str, int]:
+        """The requests left waiting after this step's schedule, counted by level ("1": n, …;
+        "-" for a request without one): a reader tells a step that left urgent calls waiting
+        from one that left only calls that can afford to."""
+        out: dict[str, int] = {}
+        for r in self.waiting:
+            lv = level(r.request_id)
+            key = "-" if lv is None else str(lv)
+            out[key] = out.get(key, 0) + 1
+        return out
 
     def _flush_step(self, exec_s: float | None = None, update_s: float | None = None,
                     cpu: tuple[float, float] | None = None) -> None:

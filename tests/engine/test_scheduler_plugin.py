@@ -166,6 +166,7 @@ def test_the_step_log_shows_the_urgent_call_and_what_it_displaced(tmp_path):
     assert victim["id"].startswith("low") and victim["level"] == 5
     assert victim["for"] == "urgent" and victim["for_level"] == 1 and victim["mode"] == "recompute"
     assert victim["id"] not in {r[0] for r in last["ran"]}
+    assert last["waiting"] == 1 and last["waiting_levels"] == {"5": 1}   # the victim waits; by level
     assert all(r["sched_ms"] >= 0 and r["exec_ms"] >= 0 and r["update_ms"] >= 0 for r in recs)
     assert all(r["exec_cpu_ms"] >= r["exec_sys_ms"] >= 0 for r in recs)   # the model's CPU beside its wall time
 

@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -550,12 +550,7 @@ class TriageScheduler(Scheduler):
         """The requests left waiting after this step's schedule, counted by level ("1": n, …;
         "-" for a request without one): a reader tells a step that left urgent calls waiting
         from one that left only calls that can afford to."""
-        out: dict[str, int] = {}
-        for r in self.waiting:
-            lv = level(r.request_id)
-            key = "-" if lv is None else str(lv)
-            out[key] = out.get(key, 0) + 1
-        return out
+        return dict(Counter("-" if (lv := level(r.request_id)) is None else str(lv) for r in self.waiting))
 
     def _flush_step(self, exec_s: float | None = None, update_s: float | None = None,
                     cpu: tuple[float, float] | None = None) -> None:

@@ -2,7 +2,8 @@
 busy spell's steps and time went: how long the seats took to fill, how many steps ran
 until the queue emptied, how long the tail drained, what a step costs (a least-squares fit
 of the model time on decodes and prompt tokens), which steps stalled far past that cost
-and whether the engine was computing or waiting for a core, what was preempted and why,
+and whether the engine was computing or waiting for a core, which ran slow on cores other
+work held (an arrival spike's classifier beside the engine), what was preempted and why,
 and each level's answer lengths. `triage steps FILE` prints it; `--plot` draws it; `--request ID`
 follows one call instead (`follow`).
 
@@ -29,6 +30,9 @@ import numpy as np
 TRIM_SD = 2.5   # a step this many residual s.d. off the step-cost fit is left out of it
 STALL_X, STALL_MIN_MS = 3.0, 500.0   # a step this many times its fitted cost and this much over it is a stall
 STARVED_SHARE = 0.5   # a stall with less than this part of an ordinary step's CPU share waited for a core
+# a step of at least SHARED_MIN_MS (the CPU times are 10-ms ticks) that ran SHARED_X times its
+# fitted cost with less than SHARED_SHARE of an ordinary step's CPU share ran on cores shared with other work
+SHARED_MIN_MS, SHARED_X, SHARED_SHARE = 100.0, 1.25, 0.8
 
 
 class StepLogError(ValueError):
@@ -149,16 +153,8 @@ def stalls(rows: list[dict], cost: dict | None, most: int = 10) -> dict | None:
     if cost is None:
         return None
     t0 = rows[0]["t"]
-    found, cpu_ms, wall_ms = [], 0.0, 0.0
-    for r in rows:
-        if r.get("exec_ms") is None:
-            continue
-        expected = cost["fixed_ms"] + cost["per_decode_ms"] * _decodes(r) + cost["per_prompt_token_ms"] * _prompt_tokens(r)
-        if r["exec_ms"] > max(STALL_X * expected, expected + STALL_MIN_MS):
-            found.append((r, expected))
-        elif r.get("exec_cpu_ms") is not None:
-            cpu_ms, wall_ms = cpu_ms + r["exec_cpu_ms"], wall_ms + r["exec_ms"]
-    usual = cpu_ms / wall_ms if wall_ms > 0 else None
+    found = [(r, e) for r, e in _timed(rows, cost) if _stalled(r, e)]
+    usual = _usual_share(rows, cost)
     out = []
     for r, expected in sorted(found, key=lambda x: x[0]["exec_ms"] - x[1], reverse=True)[:most]:
         share = r["exec_cpu_ms"] / r["exec_ms"] if r.get("exec_cpu_ms") is not None else None
@@ -168,6 +164,52 @@ def stalls(rows: list[dict], cost: dict | None, most: int = 10) -> dict | None:
                     "sys_ms": r.get("exec_sys_ms"), "verdict": verdict})
     return {"n": len(found), "lost_s": round(sum(r["exec_ms"] - e for r, e in found) / 1000, 3),
             "usual_cpu_share": None if usual is None else round(usual, 3), "worst": out}
+
+
+def shared_cores(rows: list[dict], cost: dict | None) -> dict | None:
+    """The steps that ran slow because other work held the model's cores: at least
+    `SHARED_MIN_MS` long, `SHARED_X` times their fitted cost or more, with the model's CPU
+    share under `SHARED_SHARE` of an ordinary step's (stalls included). On two cores shared
+    with the front end these are a burst's first steps, while its classifier reads the
+    arrivals (docs/measurements/single-engine.md, 2026-12-07 late morning): the seconds
+    lost there are throughput lost and every queued urgent call's wait. `n`, `lost_s`
+    (model time over the fitted cost), when each ran (`at_s`, from the first row) and the
+    model's CPU share in them beside the usual; None without a fit or without CPU times in
+    the log."""
+    usual = _usual_share(rows, cost)
+    if cost is None or not usual:
+        return None
+    t0 = rows[0]["t"]
+    hit = [(r, e, r["exec_cpu_ms"] / r["exec_ms"]) for r, e in _timed(rows, cost)
+           if r.get("exec_cpu_ms") is not None and r["exec_ms"] >= SHARED_MIN_MS and r["exec_ms"] >= SHARED_X * e
+           and r["exec_cpu_ms"] / r["exec_ms"] < SHARED_SHARE * usual]
+    shares = [x for *_, x in hit]
+    return {"n": len(hit), "lost_s": round(sum(r["exec_ms"] - e for r, e, _ in hit) / 1000, 3),
+            "at_s": [round(r["t"] - t0, 3) for r, *_ in hit],
+            "cpu_share_min": round(min(shares), 3) if hit else None,
+            "cpu_share_max": round(max(shares), 3) if hit else None, "usual_cpu_share": round(usual, 3)}
+
+
+def _timed(rows: list[dict], cost: dict) -> list[tuple[dict, float]]:
+    """(step, its model time by the fitted cost in ms) for every step with a model time."""
+    return [(r, cost["fixed_ms"] + cost["per_decode_ms"] * _decodes(r) + cost["per_prompt_token_ms"] * _prompt_tokens(r))
+            for r in rows if r.get("exec_ms") is not None]
+
+
+def _stalled(r: dict, expected_ms: float) -> bool:
+    return r["exec_ms"] > max(STALL_X * expected_ms, expected_ms + STALL_MIN_MS)
+
+
+def _usual_share(rows: list[dict], cost: dict | None) -> float | None:
+    """The model's CPU time over its wall time in the steps that did not stall (with two
+    OpenMP threads ~2): what an ordinary step of this log gets; None without CPU times."""
+    if cost is None:
+        return None
+    cpu_ms = wall_ms = 0.0
+    for r, e in _timed(rows, cost):
+        if not _stalled(r, e) and r.get("exec_cpu_ms") is not None:
+            cpu_ms, wall_ms = cpu_ms + r["exec_cpu_ms"], wall_ms + r["exec_ms"]
+    return cpu_ms / wall_ms if wall_ms > 0 else None
 
 
 def engine_steps(rows: list[dict]) -> list[tuple[list[tuple[int, int]], float]]:
@@ -292,6 +334,7 @@ def _busy(w: list[dict], cost: dict | None) -> dict:
         "sched_s": round(sum(r.get("sched_ms") or 0 for r in w) / 1000, 3),
         "update_s": round(sum(r.get("update_ms") or 0 for r in w) / 1000, 3),
         "stalls": stalls(w, cost),
+        "shared_cores": shared_cores(w, cost),
     }
 
 

@@ -60,13 +60,13 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
     con = Console()
     if len(rep["spells"]) > 1:
         t = Table("spell", "steps", "s", "seats full after", "every seat", "tail", "model s",
-                  "seat-s free while waiting", "stalls (s lost)", title=f"{len(rep['spells'])} busy spells in the log")
+                  "seat-s free while waiting", "stalls (s lost)", "cores shared (s lost)", title=f"{len(rep['spells'])} busy spells in the log")
         for k, x in enumerate(rep["spells"], 1):
-            st = x["stalls"]
+            st, sh = x["stalls"], x["shared_cores"]
             t.add_row(str(k), f"{x['first_step']}-{x['last_step']} ({x['steps']})", f"{x['wall_s']:.2f}",
                       str(x["seats_full_after"]["steps"]), str(x["steps_every_seat"]), str(x["tail"]["steps"]),
                       f"{x['model_s']:.2f}", f"{x['seats_free_while_waiting']['seat_s']:.2f}",
-                      f"{st['n']} ({st['lost_s']:.2f})" if st else "-")
+                      f"{st['n']} ({st['lost_s']:.2f})" if st else "-", f"{sh['n']} ({sh['lost_s']:.2f})" if sh else "-")
         con.print(t)
         con.print(f"spell {rep['spell']} in full (--spell K for another):")
     con.print(f"[bold]busy spell[/bold]: steps {b['first_step']}-{b['last_step']} ({b['steps']} of {rep['steps']} "
@@ -84,6 +84,7 @@ def _print(rep: dict, plot: Optional[Path]) -> None:
         con.print(f"a step's model time ≈ {c['fixed_ms']} ms + {c['per_decode_ms']} ms a decode + "
                   f"{c['per_prompt_token_ms']} ms a prompt token (residual s.d. {c['residual_sd_ms']} ms, {c['steps']} steps)")
     _print_stalls(con, b["stalls"])
+    _print_shared(con, b["shared_cores"])
     con.print(f"preemptions: {p['n']}" + (f" (reasons {p['by_reason']}, modes {p['by_mode']})" if p["n"] else ""))
     for lv, o in p["out_of_seat"].items():
         back = f"out of its seat p50 {o['p50_s']} s, max {o['max_s']} s" if o["p50_s"] is not None else "none ran again"
@@ -109,6 +110,20 @@ def _print_stalls(con, st: dict | None) -> None:
         why = {"starved": ": starved (it waited for a core: other work on its cores, or the VM's host)",
                "computing": ": computing (the engine itself worked longer: a compilation, page faults)"}.get(x["verdict"], "")
         con.print(f"  step {x['step']} at {x['at_s']:.2f} s: {x['exec_ms']:.0f} ms against {x['expected_ms']:.0f} expected{cpu}{why}")
+
+
+def _print_shared(con, sh: dict | None) -> None:
+    from serving.steplog_report import SHARED_X
+
+    if not sh or not sh["n"]:
+        return
+    n, at = sh["n"], sh["at_s"]
+    when = ", ".join(f"{x:.2f}" for x in at) if n <= 8 else f"{at[0]:.2f}-{at[-1]:.2f}"
+    con.print(f"[bold]cores shared[/bold]: {n} step{'s' if n > 1 else ''} (at {when} s) "
+              f"ran {SHARED_X:g}x the fitted cost or more, {sh['lost_s']:.2f} s lost, with the model's CPU at "
+              f"{sh['cpu_share_min']:.0%}-{sh['cpu_share_max']:.0%} of their time against {sh['usual_cpu_share']:.0%} in an "
+              "ordinary step: other work held its cores (on cores it shares with the front end, the classifier "
+              "reading an arrival spike; else another process or the VM's host)")
 
 
 def _one_call(c: dict) -> str:

@@ -149,6 +149,39 @@ def test_a_step_far_past_its_cost_is_a_stall_and_its_cpu_says_whether_the_engine
     assert st["n"] == 2 and all(x["verdict"] == "computing" for x in st["worst"])
 
 
+def test_steps_slowed_by_other_work_on_the_engines_cores_are_counted_with_the_seconds_they_lost(tmp_path):
+    """A burst's first steps ran twice their cost on a 2-core VM while the front end's
+    classifier read the arrivals on the engine's cores: an SRE reads how many steps ran on
+    shared cores, when, and what they cost. A step as slow but on its usual share of the
+    CPU (the engine computing longer) is not one of them, nor is a short step (its CPU is
+    counted in 10-ms ticks)."""
+    _, rows = _log(tmp_path)
+    t0 = rows[-1]["t"]
+    work = [["x", 3, 1, "decode"]] * 6 + [["y", 3, 60, "prefill"]]            # 157 ms by the fit
+    body = [dict(r, exec_cpu_ms=round(2 * r["exec_ms"])) for r in rows]      # two busy threads
+    body += [_step(100 + k, t0 + 0.2 * (k + 1), work[: 1 + k % 7], 0) for k in range(30)]
+    body[len(rows):] = [dict(r, exec_cpu_ms=round(2 * r["exec_ms"])) for r in body[len(rows):]]
+    for k, (share, x) in {3: (1.1, 2.0), 10: (1.2, 2.2), 17: (2.0, 2.0)}.items():   # 17: slow, but its usual CPU
+        r = body[len(rows) + k]
+        slow = r["exec_ms"] * x
+        body[len(rows) + k] = dict(r, exec_ms=slow, exec_cpu_ms=round(share * slow))
+    f = tmp_path / "shared.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in body), encoding="utf-8")
+    sh = summarize(load(f))["busy"]["shared_cores"]
+    assert sh["n"] == 2 and 1.85 < sh["usual_cpu_share"] <= 2.0   # the slow steps count in it too
+    lost = sum(body[len(rows) + k]["exec_ms"] * (1 - 1 / x) for k, x in ((3, 2.0), (10, 2.2)))
+    assert abs(sh["lost_s"] - lost / 1000) < 0.005
+    assert sh["at_s"] == sorted(sh["at_s"]) and len(sh["at_s"]) == 2
+    assert abs(sh["cpu_share_min"] - 1.1) < 0.01 and abs(sh["cpu_share_max"] - 1.2) < 0.01
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "cores shared: 2 steps" in " ".join(r.stdout.split())
+    plain = [{k: v for k, v in r.items() if k != "exec_cpu_ms"} for r in body]
+    f.write_text("".join(json.dumps(r) + "\n" for r in plain), encoding="utf-8")
+    assert summarize(load(f))["busy"]["shared_cores"] is None
+    r = runner.invoke(app, ["steps", str(f)])
+    assert r.exit_code == 0 and "cores shared" not in r.stdout
+
+
 def test_a_log_without_cpu_times_still_lists_its_stalls_without_a_verdict(tmp_path):
     f, body = _stalled_log(tmp_path, 0.1)
     old = [{k: v for k, v in r.items() if k not in ("exec_cpu_ms", "exec_sys_ms")} for r in body]

@@ -176,8 +176,8 @@ def shared_cores(rows: list[dict], cost: dict | None) -> dict | None:
     (model time over the fitted cost), when each ran (`at_s`, from the first row) and the
     model's CPU share in them beside the usual; None without a fit or without CPU times in
     the log."""
-    usual = _usual_share(rows, cost)
-    if cost is None or not usual:
+    usual = _usual_share(rows, cost)   # None without a fit or without CPU times
+    if not usual:
         return None
     t0 = rows[0]["t"]
     hit = [(r, e, r["exec_cpu_ms"] / r["exec_ms"]) for r, e in _timed(rows, cost)

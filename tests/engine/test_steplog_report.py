@@ -158,9 +158,8 @@ def test_steps_slowed_by_other_work_on_the_engines_cores_are_counted_with_the_se
     _, rows = _log(tmp_path)
     t0 = rows[-1]["t"]
     work = [["x", 3, 1, "decode"]] * 6 + [["y", 3, 60, "prefill"]]            # 157 ms by the fit
-    body = [dict(r, exec_cpu_ms=round(2 * r["exec_ms"])) for r in rows]      # two busy threads
-    body += [_step(100 + k, t0 + 0.2 * (k + 1), work[: 1 + k % 7], 0) for k in range(30)]
-    body[len(rows):] = [dict(r, exec_cpu_ms=round(2 * r["exec_ms"])) for r in body[len(rows):]]
+    body = rows + [_step(100 + k, t0 + 0.2 * (k + 1), work[: 1 + k % 7], 0) for k in range(30)]
+    body = [dict(r, exec_cpu_ms=round(2 * r["exec_ms"])) for r in body]      # two busy threads
     for k, (share, x) in {3: (1.1, 2.0), 10: (1.2, 2.2), 17: (2.0, 2.0)}.items():   # 17: slow, but its usual CPU
         r = body[len(rows) + k]
         slow = r["exec_ms"] * x

@@ -176,7 +176,7 @@ def shared_cores(rows: list[dict], cost: dict | None) -> dict | None:
     (model time over the fitted cost), when each ran (`at_s`, from the first row) and the
     model's CPU share in them beside the usual; None without a fit or without CPU times in
     the log."""
-    usual = _usual_share(rows, cost)   # None without a fit or without CPU times
+    usual = _usual_share(rows, cost)
     if not usual:
         return None
     t0 = rows[0]["t"]
@@ -202,7 +202,7 @@ def _stalled(r: dict, expected_ms: float) -> bool:
 
 def _usual_share(rows: list[dict], cost: dict | None) -> float | None:
     """The model's CPU time over its wall time in the steps that did not stall (with two
-    OpenMP threads ~2): what an ordinary step of this log gets; None without CPU times."""
+    OpenMP threads ~2): what an ordinary step of this log gets; None without a fit or CPU times."""
     if cost is None:
         return None
     cpu_ms = wall_ms = 0.0

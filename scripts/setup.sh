@@ -8,6 +8,21 @@ PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.triage-setup-v3
 
+# The tests drive the operator page in Debian's Chromium (scripts/test.sh asks for it). apt runs
+# in the background while pip installs (both mostly wait on the disk); the end waits for it.
+BROWSER_PID=
+if [ "${TRIAGE_SETUP_BROWSER:-0}" = "1" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Chromium and chromedriver (Debian packages) for the browser test, in the background"
+    { { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 \
+      || echo "[setup] could not install Chromium: the browser test will be skipped (or fail in CI)"; } &
+    BROWSER_PID=$!
+    trap 'wait "$BROWSER_PID" 2>/dev/null || true' EXIT   # a failed setup does not leave apt running
+  else
+    echo "[setup] Chromium missing and apt-get not usable here: the browser test will be skipped"
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
@@ -43,20 +58,12 @@ fi
 # ml dependencies added after the last stamp (the site adapter's trees)
 "$VENV/bin/python" -c "import sklearn" 2>/dev/null || $PIP_INSTALL "scikit-learn>=1.4"
 
-# The tests drive the operator page in Debian's Chromium (scripts/test.sh asks for it).
-if [ "${TRIAGE_SETUP_BROWSER:-0}" = "1" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing Chromium and chromedriver (Debian packages) for the browser test"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
-      || echo "[setup] could not install Chromium: the browser test will be skipped (or fail in CI)"
-  else
-    echo "[setup] Chromium missing and apt-get not usable here: the browser test will be skipped"
-  fi
-fi
-
 export HF_HUB_OFFLINE=1
 echo "[setup] preparing the served model (SmolLM2-135M-Instruct)"
 $VENV/bin/triage models prepare >/dev/null
 echo "[setup] training the predictors if missing (urgency, output length; a few minutes the first time)"
 $VENV/bin/triage train all --if-missing
+if [ -n "$BROWSER_PID" ]; then
+  wait "$BROWSER_PID" || true
+fi
 echo "[setup] done"

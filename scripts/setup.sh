@@ -55,6 +55,7 @@ else
 fi
 # dev dependencies added after the last stamp (a fresh machine gets them from .[dev] above)
 "$VENV/bin/python" -c "import schemathesis" 2>/dev/null || $PIP_INSTALL "schemathesis>=4.3,<5"
+"$VENV/bin/python" -c "import xdist" 2>/dev/null || $PIP_INSTALL "pytest-xdist>=3.5"
 # ml dependencies added after the last stamp (the site adapter's trees)
 "$VENV/bin/python" -c "import sklearn" 2>/dev/null || $PIP_INSTALL "scikit-learn>=1.4"
 

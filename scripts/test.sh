@@ -12,10 +12,8 @@ TRIAGE_SETUP_BROWSER=1 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
 
 run_pytest() {
-  set +e
-  .venv/bin/python -m pytest "$@"
-  local rc=$?
-  set -e
+  local rc=0
+  .venv/bin/python -m pytest "$@" || rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests (exit 5)"
     rc=0
@@ -28,8 +26,9 @@ if [ "$#" -gt 0 ]; then
   exit $?
 fi
 rc=0
-echo "[test] phase 1 of 2: the tests that start no vLLM engine, ${TRIAGE_TEST_WORKERS:-2} workers"
-run_pytest -m "not engine" -n "${TRIAGE_TEST_WORKERS:-2}" --dist loadfile || rc=$?
+workers=${TRIAGE_TEST_WORKERS:-2}
+echo "[test] phase 1 of 2: the tests that start no vLLM engine, $workers workers"
+run_pytest -m "not engine" -n "$workers" --dist loadfile || rc=$?
 echo "[test] phase 2 of 2: the engine tests, one at a time"
 run_pytest -m engine || rc=$?
 exit "$rc"
